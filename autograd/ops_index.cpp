@@ -1,0 +1,100 @@
+// Indexing and joining: index_select / embedding (backward: index_add), gather (backward:
+// scatter_add), cat / stack (backward: slices of the gradient), split / chunk (views), dropout.
+#include "autograd/functions.h"
+#include "ops/kernels.h"
+
+namespace tapestry {
+
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
+  dim = wrap_dim("index_select", dim, a.dim());
+  Tensor out = kernels::index_select("index_select", a, dim, index);
+  Shape in = a.sizes();
+  Tensor idx = index.detach();
+  return record("IndexSelectBackward", out, {a}, [in, dim, idx](const Tensor& g) {
+    return TensorList{kernels::index_add(in, dim, idx, g)};
+  });
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  TP_CHECK(weight.dim() == 2, "embedding: weight must be 2-D [vocab, dim], got shape {}", weight.sizes());
+  TP_CHECK(ids.dtype() == DType::Int64, "embedding: ids must be int64, got {} {}", ids.dtype(), ids.sizes());
+  Tensor flat = kernels::contiguous(ids);
+  flat = make_tensor(flat.impl().storage, {flat.numel()}, {1}, flat.offset(), DType::Int64);
+  Tensor rows = kernels::index_select("embedding", weight, 0, flat);  // (N, D)
+  Shape out_shape = ids.sizes();
+  out_shape.push_back(weight.size(1));
+  Tensor out = make_tensor(rows.impl().storage, out_shape, contiguous_strides(out_shape), 0, rows.dtype());
+  Shape in = weight.sizes();
+  return record("EmbeddingBackward", out, {weight}, [in, flat](const Tensor& g) {
+    Tensor g2 = reshape(g, {flat.numel(), in[1]});
+    return TensorList{kernels::index_add(in, 0, flat, g2)};
+  });
+}
+
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
+  dim = wrap_dim("gather", dim, a.dim());
+  Tensor out = kernels::gather(a, dim, index);
+  Shape in = a.sizes();
+  Tensor idx = index.detach();
+  return record("GatherBackward", out, {a}, [in, dim, idx](const Tensor& g) {
+    return TensorList{kernels::scatter_add(in, dim, idx, g)};
+  });
+}
+
+Tensor cat(const TensorList& tensors, int64_t dim) {
+  Tensor out = kernels::cat(tensors, dim);
+  dim = wrap_dim("cat", dim, tensors[0].dim());
+  std::vector<int64_t> lengths;
+  for (const Tensor& t : tensors) lengths.push_back(t.size(dim));
+  return record("CatBackward", out, tensors, [lengths, dim](const Tensor& g) {
+    TensorList grads;
+    int64_t pos = 0;
+    for (int64_t len : lengths) {
+      grads.push_back(slice(g, dim, pos, pos + len));
+      pos += len;
+    }
+    return grads;
+  });
+}
+
+Tensor stack(const TensorList& tensors, int64_t dim) {
+  TP_CHECK(!tensors.empty(), "stack: expected a non-empty list of tensors");
+  dim = wrap_dim("stack", dim, tensors[0].dim() + 1);
+  TensorList parts;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TP_CHECK(tensors[i].sizes() == tensors[0].sizes(), "stack: tensor {} has shape {} but tensor 0 has shape {}", i,
+             tensors[i].sizes(), tensors[0].sizes());
+    parts.push_back(unsqueeze(tensors[i], dim));
+  }
+  return cat(parts, dim);
+}
+
+TensorList split(const Tensor& a, int64_t split_size, int64_t dim) {
+  TP_CHECK(a.dim() > 0, "split: cannot split a 0-dim tensor");
+  dim = wrap_dim("split", dim, a.dim());
+  TP_CHECK(split_size > 0, "split: split_size must be positive, got {}", split_size);
+  TensorList parts;
+  for (int64_t pos = 0; pos < a.size(dim); pos += split_size) parts.push_back(slice(a, dim, pos, pos + split_size));
+  if (parts.empty()) parts.push_back(a);
+  return parts;
+}
+
+TensorList chunk(const Tensor& a, int64_t chunks, int64_t dim) {
+  TP_CHECK(chunks > 0, "chunk: the number of chunks must be positive, got {}", chunks);
+  TP_CHECK(a.dim() > 0, "chunk: cannot chunk a 0-dim tensor");
+  int64_t n = a.size(wrap_dim("chunk", dim, a.dim()));
+  return split(a, std::max<int64_t>(1, (n + chunks - 1) / chunks), dim);
+}
+
+Tensor dropout(const Tensor& a, double p, bool training, Generator* gen) {
+  TP_CHECK(p >= 0 && p <= 1, "dropout: probability must be in [0, 1], got {}", p);
+  if (!training || p == 0) return a;
+  if (p == 1) return mul(a, 0.0);
+  // mask = keep / (1 - p): drawn from the generator, so a seed reproduces it.
+  Tensor keep = lt(rand(a.sizes(), a.dtype(), gen), 1.0 - p);
+  Tensor mask = kernels::binary("dropout", kernels::Binary::Mul, kernels::to_dtype(keep, a.dtype()),
+                                scalar_tensor(1.0 / (1.0 - p), a.dtype()));
+  return mul(a, mask);
+}
+
+}  // namespace tapestry

@@ -1,0 +1,158 @@
+// Tensor's member functions: autograd state, and thin forwards to the free functions of
+// autograd/functions.h, plus the in-place ops (which bump the version and never record).
+#include "autograd/functions.h"
+#include "ops/kernels.h"
+
+namespace tapestry {
+
+Tensor& Tensor::requires_grad_(bool on) {
+  TP_CHECK(!on || is_floating(dtype()), "requires_grad_: only floating-point tensors can require grad, got {} {}",
+           dtype(), sizes());
+  TP_CHECK(on || is_leaf(), "requires_grad_: cannot turn off requires_grad on a non-leaf tensor (use detach())");
+  impl().requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return impl().grad ? Tensor(impl().grad) : Tensor(); }
+void Tensor::zero_grad() { impl().grad.reset(); }
+std::string Tensor::grad_fn_name() const { return grad_fn() ? grad_fn()->name : ""; }
+
+void Tensor::backward(const Tensor& grad, bool retain_graph) const { run_backward(*this, grad, retain_graph); }
+
+Tensor Tensor::detach() const {
+  const TensorImpl& i = impl();
+  return make_tensor(i.storage, i.shape, i.strides, i.offset, i.dtype);
+}
+
+Tensor Tensor::view(const Shape& shape) const { return tapestry::view(*this, shape); }
+Tensor Tensor::reshape(const Shape& shape) const { return tapestry::reshape(*this, shape); }
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const { return tapestry::transpose(*this, d0, d1); }
+Tensor Tensor::t() const {
+  TP_CHECK(dim() <= 2, "t: expects a tensor with at most 2 dims, got shape {}", sizes());
+  return dim() < 2 ? *this : tapestry::transpose(*this, 0, 1);
+}
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const { return tapestry::permute(*this, dims); }
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  return tapestry::slice(*this, d, start, end, step);
+}
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  int64_t wd = wrap_dim("narrow", d, dim());
+  TP_CHECK(start >= 0 && length >= 0 && start + length <= size(wd),
+           "narrow: start {} + length {} exceeds dim {} of size {} (tensor shape {})", start, length, wd, size(wd),
+           sizes());
+  return tapestry::slice(*this, wd, start, start + length);
+}
+Tensor Tensor::select(int64_t d, int64_t index) const { return tapestry::select(*this, d, index); }
+Tensor Tensor::expand(const Shape& shape) const { return tapestry::expand(*this, shape); }
+Tensor Tensor::expand_as(const Tensor& other) const { return tapestry::expand(*this, other.sizes()); }
+Tensor Tensor::squeeze() const { return tapestry::squeeze(*this); }
+Tensor Tensor::squeeze(int64_t d) const { return tapestry::squeeze(*this, d); }
+Tensor Tensor::unsqueeze(int64_t d) const { return tapestry::unsqueeze(*this, d); }
+Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
+  if (dim() == 0) return reshape({1});
+  start_dim = wrap_dim("flatten", start_dim, dim());
+  end_dim = wrap_dim("flatten", end_dim, dim());
+  TP_CHECK(start_dim <= end_dim, "flatten: start_dim {} comes after end_dim {}", start_dim, end_dim);
+  Shape s(sizes().begin(), sizes().begin() + start_dim);
+  int64_t n = 1;
+  for (int64_t d = start_dim; d <= end_dim; ++d) n *= size(d);
+  s.push_back(n);
+  s.insert(s.end(), sizes().begin() + end_dim + 1, sizes().end());
+  return reshape(s);
+}
+Tensor Tensor::contiguous() const { return tapestry::contiguous(*this); }
+Tensor Tensor::clone() const { return tapestry::clone(*this); }
+Tensor Tensor::to(DType dtype) const { return tapestry::to(*this, dtype); }
+
+Tensor Tensor::exp() const { return tapestry::exp(*this); }
+Tensor Tensor::log() const { return tapestry::log(*this); }
+Tensor Tensor::sqrt() const { return tapestry::sqrt(*this); }
+Tensor Tensor::rsqrt() const { return tapestry::rsqrt(*this); }
+Tensor Tensor::tanh() const { return tapestry::tanh(*this); }
+Tensor Tensor::relu() const { return tapestry::relu(*this); }
+Tensor Tensor::gelu() const { return tapestry::gelu(*this); }
+Tensor Tensor::sigmoid() const { return tapestry::sigmoid(*this); }
+Tensor Tensor::abs() const { return tapestry::abs(*this); }
+Tensor Tensor::neg() const { return tapestry::neg(*this); }
+Tensor Tensor::pow(double e) const { return tapestry::pow(*this, e); }
+Tensor Tensor::clamp(double lo, double hi) const { return tapestry::clamp(*this, lo, hi); }
+Tensor Tensor::sum() const { return tapestry::sum(*this); }
+Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim) const { return tapestry::sum(*this, dims, keepdim); }
+Tensor Tensor::mean() const { return tapestry::mean(*this); }
+Tensor Tensor::mean(const std::vector<int64_t>& dims, bool keepdim) const {
+  return tapestry::mean(*this, dims, keepdim);
+}
+Tensor Tensor::softmax(int64_t d) const { return tapestry::softmax(*this, d); }
+Tensor Tensor::log_softmax(int64_t d) const { return tapestry::log_softmax(*this, d); }
+Tensor Tensor::matmul(const Tensor& other) const { return tapestry::matmul(*this, other); }
+Tensor Tensor::masked_fill(const Tensor& mask, double value) const { return tapestry::masked_fill(*this, mask, value); }
+
+// ---- in place
+Tensor& Tensor::fill_(double value) {
+  check_inplace("fill_", *this);
+  kernels::fill_(*this, value);
+  return *this;
+}
+Tensor& Tensor::zero_() {
+  check_inplace("zero_", *this);
+  kernels::fill_(*this, 0.0);
+  return *this;
+}
+Tensor& Tensor::copy_(const Tensor& src) {
+  check_inplace("copy_", *this);
+  kernels::copy_(*this, src);
+  return *this;
+}
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  check_inplace("add_", *this);
+  kernels::binary_("add_", kernels::Binary::Add, *this,
+                   alpha == 1.0 ? other : kernels::binary("add_", kernels::Binary::Mul, other, scalar_tensor(alpha, other.dtype())));
+  return *this;
+}
+Tensor& Tensor::add_(double value) {
+  check_inplace("add_", *this);
+  kernels::binary_("add_", kernels::Binary::Add, *this, scalar_tensor(value, dtype()));
+  return *this;
+}
+Tensor& Tensor::sub_(const Tensor& other) {
+  check_inplace("sub_", *this);
+  kernels::binary_("sub_", kernels::Binary::Sub, *this, other);
+  return *this;
+}
+Tensor& Tensor::mul_(const Tensor& other) {
+  check_inplace("mul_", *this);
+  kernels::binary_("mul_", kernels::Binary::Mul, *this, other);
+  return *this;
+}
+Tensor& Tensor::mul_(double value) {
+  check_inplace("mul_", *this);
+  kernels::binary_("mul_", kernels::Binary::Mul, *this, scalar_tensor(value, dtype()));
+  return *this;
+}
+Tensor& Tensor::div_(const Tensor& other) {
+  check_inplace("div_", *this);
+  kernels::binary_("div_", kernels::Binary::Div, *this, other);
+  return *this;
+}
+Tensor& Tensor::div_(double value) {
+  check_inplace("div_", *this);
+  kernels::binary_("div_", kernels::Binary::Div, *this, scalar_tensor(value, dtype()));
+  return *this;
+}
+Tensor& Tensor::masked_fill_(const Tensor& mask, double value) {
+  check_inplace("masked_fill_", *this);
+  kernels::copy_(*this, kernels::where("masked_fill_", mask, scalar_tensor(value, dtype()), *this));
+  return *this;
+}
+Tensor& Tensor::uniform_(double lo, double hi) {
+  check_inplace("uniform_", *this);
+  kernels::uniform_(*this, lo, hi, default_generator().engine());
+  return *this;
+}
+Tensor& Tensor::normal_(double mean, double std) {
+  check_inplace("normal_", *this);
+  kernels::normal_(*this, mean, std, default_generator().engine());
+  return *this;
+}
+
+}  // namespace tapestry

@@ -1,0 +1,51 @@
+// Shape arithmetic shared by every op: element counts, contiguous strides, dim wrapping
+// (negative dims count from the end, as in PyTorch) and NumPy broadcasting.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "ops/error.h"
+
+namespace tapestry {
+
+using Shape = std::vector<int64_t>;
+
+inline int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+inline Shape contiguous_strides(const Shape& s) {
+  Shape st(s.size());
+  int64_t acc = 1;
+  for (size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= s[i] > 0 ? s[i] : 1;
+  }
+  return st;
+}
+
+// Wraps dim into [0, ndim): -1 is the last dim. Throws naming the op when out of range.
+inline int64_t wrap_dim(const char* op, int64_t dim, int64_t ndim) {
+  int64_t lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
+  TP_CHECK(dim >= lo && dim <= hi, "{}: dim {} out of range for a tensor of {} dims (expected [{}, {}])", op, dim,
+           ndim, lo, hi);
+  return dim < 0 ? dim + (ndim == 0 ? 1 : ndim) : dim;
+}
+
+// NumPy broadcasting of two shapes; throws naming the op and both shapes.
+inline Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
+  size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    TP_CHECK(da == db || da == 1 || db == 1, "{}: shapes {} and {} cannot be broadcast (dim {}: {} vs {})", op, a, b,
+             i, da, db);
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+}  // namespace tapestry

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of tapestry from Debian packages.
+# Idempotent: when everything is already installed it prints nothing and makes no network call.
+set -euo pipefail
+
+packages=(
+  cmake g++ make pkg-config
+  libopenblas-openmp-dev   # BLAS with OpenMP threads: one thread pool shared with our kernels
+  libfmt-dev doctest-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "setup: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

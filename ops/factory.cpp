@@ -46,6 +46,7 @@ Tensor full(const Shape& shape, double value, TensorOptions opts) {
   opts.requires_grad = false;
   Tensor t = empty(shape, opts);
   kernels::fill_(t, value);
+  t.impl().storage->version = 0;  // a new tensor starts at version 0 whatever filled it
   if (rg) t.requires_grad_();
   return t;
 }
@@ -97,10 +98,12 @@ Tensor tensor(const std::vector<int64_t>& v, const Shape& s, TensorOptions o) { 
 Tensor tensor(std::initializer_list<float> v, const Shape& s, TensorOptions o) { return from_values(v.begin(), v.size(), s, o); }
 Tensor tensor(std::initializer_list<double> v, const Shape& s, TensorOptions o) { return from_values(v.begin(), v.size(), s, o); }
 Tensor tensor(std::initializer_list<int64_t> v, const Shape& s, TensorOptions o) { return from_values(v.begin(), v.size(), s, o); }
+Tensor tensor(std::initializer_list<int> v, const Shape& s, TensorOptions o) { return from_values(v.begin(), v.size(), s, o); }
 
 Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
   Tensor t = empty(shape, opts.dtype);
   kernels::normal_(t, 0.0, 1.0, (gen ? *gen : default_generator()).engine());
+  t.impl().storage->version = 0;
   if (opts.requires_grad) t.requires_grad_();
   return t;
 }
@@ -108,6 +111,7 @@ Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
 Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
   Tensor t = empty(shape, opts.dtype);
   kernels::uniform_(t, 0.0, 1.0, (gen ? *gen : default_generator()).engine());
+  t.impl().storage->version = 0;
   if (opts.requires_grad) t.requires_grad_();
   return t;
 }
@@ -116,6 +120,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts
   TP_CHECK(low < high, "randint: empty range [{}, {})", low, high);
   Tensor t = empty(shape, opts.dtype);
   kernels::randint_(t, low, high, (gen ? *gen : default_generator()).engine());
+  t.impl().storage->version = 0;
   return t;
 }
 

@@ -44,6 +44,8 @@ Tensor tensor(const std::vector<int64_t>& values, const Shape& shape = {}, Tenso
 Tensor tensor(std::initializer_list<float> values, const Shape& shape = {}, TensorOptions opts = DType::Float32);
 Tensor tensor(std::initializer_list<double> values, const Shape& shape = {}, TensorOptions opts = DType::Float64);
 Tensor tensor(std::initializer_list<int64_t> values, const Shape& shape = {}, TensorOptions opts = DType::Int64);
+// Plain integer literals, tensor({2, 0, 1}), give an int64 tensor as in PyTorch.
+Tensor tensor(std::initializer_list<int> values, const Shape& shape = {}, TensorOptions opts = DType::Int64);
 
 // Standard normal, uniform [0, 1), integers in [low, high).
 Tensor randn(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);

@@ -31,8 +31,9 @@ struct StridedSpace {
   template <class F>
   void walk(int64_t base, int64_t begin, int64_t end, F&& f) const {
     const int64_t nd = static_cast<int64_t>(shape.size());
+    if (begin >= end) return;
     if (nd == 0) {
-      if (begin < end) f(base);
+      f(base);
       return;
     }
     int64_t idx[16] = {0};

@@ -8,5 +8,5 @@
 #include "ops/tensor.h"
 
 namespace tapestry {
-constexpr const char* kVersion = "0.1.0";
+constexpr const char* kVersion = TAPESTRY_VERSION;  // from CMakeLists.txt project()
 }

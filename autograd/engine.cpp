@@ -30,6 +30,18 @@ Tensor SavedTensor::get() const {
   return data_;
 }
 
+Node::~Node() {
+  std::vector<std::shared_ptr<Node>> doomed = std::move(next);
+  while (!doomed.empty()) {
+    std::shared_ptr<Node> n = std::move(doomed.back());
+    doomed.pop_back();
+    // Only a node we hold the last reference to dies here; take its edges first so that its
+    // destructor finds nothing to recurse into.
+    if (n && n.use_count() == 1)
+      for (auto& e : n->next) doomed.push_back(std::move(e));
+  }
+}
+
 bool any_requires_grad(const TensorList& inputs) {
   if (!GradMode::is_enabled()) return false;
   for (const Tensor& t : inputs)
@@ -73,8 +85,11 @@ Tensor sum_to(const Tensor& grad, const Shape& shape) {
   const int64_t lead = grad.dim() - static_cast<int64_t>(shape.size());
   TP_CHECK(lead >= 0, "sum_to: gradient of shape {} has fewer dims than the target shape {}", grad.sizes(), shape);
   std::vector<int64_t> dims;
-  for (int64_t d = 0; d < grad.dim(); ++d)
+  for (int64_t d = 0; d < grad.dim(); ++d) {
     if (d < lead || (shape[d - lead] == 1 && grad.size(d) != 1)) dims.push_back(d);
+    else TP_CHECK(grad.size(d) == shape[d - lead], "sum_to: gradient of shape {} cannot be summed to shape {}",
+                  grad.sizes(), shape);
+  }
   if (dims.empty()) return grad;
   Tensor r = kernels::reduce("sum_to", kernels::Reduce::Sum, grad, dims, true);
   // Drop the leading dims that keepdim left as 1s.

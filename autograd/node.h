@@ -28,6 +28,13 @@ struct Node {
   BackwardFn backward;                       // empty once released (see retain_graph)
   bool released = false;
   std::shared_ptr<TensorImpl> leaf;          // AccumulateGrad nodes: the leaf to accumulate into
+
+  Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  // Frees a long chain of nodes iteratively: the default destructor would recurse once per node
+  // and overflow the stack on deep graphs.
+  ~Node();
 };
 
 // A tensor kept for backward: a detached alias plus the storage version it had when saved.

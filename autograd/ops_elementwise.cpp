@@ -38,8 +38,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = kernels::binary("div", Binary::Div, a, b);
   if (!any_requires_grad({a, b})) return out;
-  SavedTensor sa(a, "DivBackward"), sb(b, "DivBackward");
   bool need_b = b.requires_grad();
+  SavedTensor sa(need_b ? a : Tensor(), "DivBackward"), sb(b, "DivBackward");
   // d(a/b) = g/b, -g*a/b^2
   return record("DivBackward", out, {a, b}, [sa, sb, need_b](const Tensor& g) {
     Tensor bv = sb.get();

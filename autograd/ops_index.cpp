@@ -9,9 +9,9 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   dim = wrap_dim("index_select", dim, a.dim());
   Tensor out = kernels::index_select("index_select", a, dim, index);
   Shape in = a.sizes();
-  Tensor idx = index.detach();
+  SavedTensor idx(index, "IndexSelectBackward");
   return record("IndexSelectBackward", out, {a}, [in, dim, idx](const Tensor& g) {
-    return TensorList{kernels::index_add(in, dim, idx, g)};
+    return TensorList{kernels::index_add(in, dim, idx.get(), g)};
   });
 }
 
@@ -25,9 +25,10 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   out_shape.push_back(weight.size(1));
   Tensor out = make_tensor(rows.impl().storage, out_shape, contiguous_strides(out_shape), 0, rows.dtype());
   Shape in = weight.sizes();
-  return record("EmbeddingBackward", out, {weight}, [in, flat](const Tensor& g) {
-    Tensor g2 = reshape(g, {flat.numel(), in[1]});
-    return TensorList{kernels::index_add(in, 0, flat, g2)};
+  SavedTensor saved_ids(flat, "EmbeddingBackward");  // flat may share the caller's ids storage
+  return record("EmbeddingBackward", out, {weight}, [in, saved_ids](const Tensor& g) {
+    Tensor ids_flat = saved_ids.get();
+    return TensorList{kernels::index_add(in, 0, ids_flat, reshape(g, {ids_flat.numel(), in[1]}))};
   });
 }
 
@@ -35,9 +36,9 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   dim = wrap_dim("gather", dim, a.dim());
   Tensor out = kernels::gather(a, dim, index);
   Shape in = a.sizes();
-  Tensor idx = index.detach();
+  SavedTensor idx(index, "GatherBackward");
   return record("GatherBackward", out, {a}, [in, dim, idx](const Tensor& g) {
-    return TensorList{kernels::scatter_add(in, dim, idx, g)};
+    return TensorList{kernels::scatter_add(in, dim, idx.get(), g)};
   });
 }
 

@@ -119,6 +119,11 @@ Tensor& Tensor::sub_(const Tensor& other) {
   kernels::binary_("sub_", kernels::Binary::Sub, *this, other);
   return *this;
 }
+Tensor& Tensor::sub_(double value) {
+  check_inplace("sub_", *this);
+  kernels::binary_("sub_", kernels::Binary::Sub, *this, scalar_tensor(value, dtype()));
+  return *this;
+}
 Tensor& Tensor::mul_(const Tensor& other) {
   check_inplace("mul_", *this);
   kernels::binary_("mul_", kernels::Binary::Mul, *this, other);

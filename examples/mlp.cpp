@@ -17,7 +17,8 @@ int main() {
   Tensor w2 = (randn({16, 1}) * 0.25).requires_grad_();
   Tensor b2 = zeros({1}).requires_grad_();
   std::vector<Tensor> params = {w1, b1, w2, b2};  // handles: they share the tensors above
-  auto forward = [&](const Tensor& in) { return (in.matmul(w1) + b1).tanh().matmul(w2) + b2; };  // (N, 1)
+  // (N, 2) -> (N, 16) -> (N, 1)
+  auto forward = [&](const Tensor& in) { return (in.matmul(w1) + b1).tanh().matmul(w2) + b2; };
 
   const double lr = 0.1;
   for (int step = 0; step <= 1000; ++step) {

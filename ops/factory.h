@@ -33,8 +33,8 @@ Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor full_like(const Tensor& t, double value);
-// [start, end) by step, like torch.arange.
-Tensor arange(double start, double end, double step = 1.0, TensorOptions opts = DType::Int64);
+// [start, end) by step, like torch.arange: float32 from floating bounds, int64 from an integer end.
+Tensor arange(double start, double end, double step = 1.0, TensorOptions opts = DType::Float32);
 Tensor arange(int64_t end, TensorOptions opts = DType::Int64);
 
 // From values (copied). The shape defaults to 1-D; its element count must match.

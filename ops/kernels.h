@@ -1,6 +1,7 @@
 // Raw compute kernels: no autograd, no recording. Every differentiable op in autograd/ calls
-// these for its forward and its backward. Each entry checks the device and dispatches to the
-// backend (ops/cpu/ today; ops/cuda/ is the seam for the CUDA build). Inputs may be any strided
+// these for its forward and its backward. Each entry checks the device (check_device); the CPU
+// kernels in ops/cpu/ are the only backend today, and ops/cuda/ will mirror them file for file
+// behind the same declarations when the CUDA build lands. Inputs may be any strided
 // views; outputs are fresh contiguous tensors unless the name ends in '_' (writes in place).
 #pragma once
 #include <random>

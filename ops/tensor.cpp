@@ -13,7 +13,7 @@ namespace tapestry {
 constexpr int64_t kMaxDims = 16;  // the loop machinery keeps multi-indices on the stack
 
 Storage::Storage(size_t nbytes_, Device device_) : nbytes(nbytes_), device(device_) {
-  TP_CHECK(device == Device::CPU, "Storage: device {} is not built in (configure with -DTAPESTRY_CUDA=ON)",
+  TP_CHECK(device == Device::CPU, "Storage: device {} is not built in: this build has only the cpu backend",
            device_name(device));
   // 64-byte alignment for SIMD; aligned_alloc needs a size that is a multiple of the alignment.
   size_t padded = (nbytes + 63) / 64 * 64;

@@ -1,6 +1,6 @@
 // The strided Tensor: a handle (shared_ptr) to a TensorImpl, which is a view (shape, strides in
 // elements, offset) into a Storage shared by every view of the same data. Views never copy.
-// The user-facing ops (declared in ops/functions.h, defined in autograd/) record themselves on
+// The user-facing ops (declared in autograd/functions.h, defined in autograd/) record themselves on
 // the autograd tape; the raw kernels they call live in ops/kernels.h and know nothing of grads.
 #pragma once
 #include <cstdint>
@@ -117,7 +117,7 @@ class Tensor {
   Tensor clone() const;
   Tensor to(DType dtype) const;
 
-  // ---- math (differentiable), see ops/functions.h for the free-function forms
+  // ---- math (differentiable), see autograd/functions.h for the free-function forms
   Tensor exp() const;
   Tensor log() const;
   Tensor sqrt() const;
@@ -146,6 +146,7 @@ class Tensor {
   Tensor& add_(const Tensor& other, double alpha = 1.0);
   Tensor& add_(double value);
   Tensor& sub_(const Tensor& other);
+  Tensor& sub_(double value);
   Tensor& mul_(const Tensor& other);
   Tensor& mul_(double value);
   Tensor& div_(const Tensor& other);

@@ -181,3 +181,31 @@ TEST_CASE("a tiny MLP learns XOR with hand-written SGD") {
   CHECK(first > 0.1f);
   CHECK(last < 0.01f);
 }
+
+TEST_CASE("the engine refuses a backward that returns a gradient of the wrong shape") {
+  Tensor x = tensor({1.0, 2.0, 3.0}).requires_grad_();
+  Tensor out;
+  {
+    NoGradGuard g;
+    out = x * 2.0;
+  }
+  out = record("WrongShapeBackward", out, {x}, [](const Tensor& g) { return TensorList{ones({2, 5}, g.dtype())}; });
+  CHECK(error_of([&] { sum(out).backward(); }).find("sum_to: gradient of shape [2, 5] cannot be summed to shape [3]") !=
+        std::string::npos);
+}
+
+TEST_CASE("changing embedding ids in place after the lookup is caught") {
+  Tensor w = randn({5, 2}, kFloat64).requires_grad_();
+  Tensor ids = tensor({1, 3});
+  Tensor loss = sum(embedding(w, ids));
+  ids.fill_(0);
+  CHECK(error_of([&] { loss.backward(); }).find("saved by EmbeddingBackward was modified") != std::string::npos);
+}
+
+TEST_CASE("dropping a long graph does not recurse once per node") {
+  Tensor x = tensor({1.0}).requires_grad_();
+  Tensor y = x;
+  for (int i = 0; i < 200000; ++i) y = y + 1.0;
+  y = Tensor();  // frees 200000 nodes; a recursive destructor would overflow the stack
+  CHECK(x.is_leaf());
+}

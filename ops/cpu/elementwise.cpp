@@ -73,6 +73,14 @@ void binary_typed(Binary kind, const Tensor& out, const Tensor& a, const Tensor&
   }
 }
 
+// In-place writes into an expanded view would write one element many times (and race).
+void check_writable(const char* op, const Tensor& dst) {
+  for (int64_t d = 0; d < dst.dim(); ++d)
+    TP_CHECK(dst.stride(d) != 0 || dst.size(d) <= 1,
+             "{}: the destination of shape {} (strides {}) is an expanded view whose elements share memory; "
+             "clone() it first", op, dst.sizes(), dst.strides());
+}
+
 void check_binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
   check_device(op, a);
   check_device(op, b);
@@ -113,6 +121,7 @@ Tensor binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
 void binary_(const char* op, Binary kind, Tensor& a, const Tensor& b) {
   check_binary(op, kind, a, b);
   TP_CHECK(!is_comparison(kind), "{}: comparisons have no in-place form", op);
+  check_writable(op, a);
   Shape shape = broadcast_shapes(op, a.sizes(), b.sizes());
   TP_CHECK(shape == a.sizes(), "{}: in-place result of shape {} does not fit the destination of shape {}", op, shape,
            a.sizes());
@@ -238,6 +247,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
   Shape shape = broadcast_shapes("copy_", dst.sizes(), src.sizes());
   TP_CHECK(shape == dst.sizes(), "copy_: source of shape {} cannot be broadcast to the destination shape {}",
            src.sizes(), dst.sizes());
+  check_writable("copy_", dst);
   dispatch(dst.dtype(), [&](auto dtag) {
     using D = typename decltype(dtag)::type;
     dispatch(src.dtype(), [&](auto stag) {

@@ -51,6 +51,7 @@ Tensor le(const Tensor& a, double b);
 Tensor gt(const Tensor& a, double b);
 Tensor ge(const Tensor& a, double b);
 Tensor logical_not(const Tensor& mask);
+Tensor logical_or(const Tensor& a, const Tensor& b);  // bool masks, broadcast
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& cond, const Tensor& a, double b);
@@ -97,8 +98,9 @@ Tensor to(const Tensor& a, DType dtype);
 
 // ---- indexing and joining (ops_index.cpp)
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
-// weight [V, D], ids int64 of any shape -> [*ids.shape, D]
-Tensor embedding(const Tensor& weight, const Tensor& ids);
+// weight [V, D], ids int64 of any shape -> [*ids.shape, D]. The padding_idx row (if >= 0)
+// gets no gradient, as in PyTorch.
+Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx = -1);
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
 Tensor cat(const TensorList& tensors, int64_t dim = 0);
 Tensor stack(const TensorList& tensors, int64_t dim = 0);
@@ -106,6 +108,14 @@ TensorList split(const Tensor& a, int64_t split_size, int64_t dim = 0);  // view
 TensorList chunk(const Tensor& a, int64_t chunks, int64_t dim = 0);      // views
 // Zeroes each element with probability p and scales the rest by 1/(1-p); identity when !training.
 Tensor dropout(const Tensor& a, double p, bool training = true, Generator* gen = nullptr);
+
+// ---- losses (ops_loss.cpp)
+enum class Reduction { Mean, Sum };
+// Cross-entropy of logits [N, C] against int64 targets [N], fused with log-softmax, with label
+// smoothing as the paper uses it (see kernels::cross_entropy) and rows whose target is
+// ignore_index skipped. Mean divides by the number of counted rows (0 rows give a loss of 0).
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0,
+                     int64_t ignore_index = -100, Reduction reduction = Reduction::Mean);
 
 // ---- operators
 Tensor operator+(const Tensor& a, const Tensor& b);

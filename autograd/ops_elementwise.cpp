@@ -94,6 +94,12 @@ Tensor logical_not(const Tensor& mask) {
   return kernels::binary("logical_not", Binary::Eq, mask, scalar_tensor(0.0, DType::Bool));
 }
 
+Tensor logical_or(const Tensor& a, const Tensor& b) {
+  TP_CHECK(a.dtype() == DType::Bool && b.dtype() == DType::Bool, "logical_or: expected bool masks, got {} {} and {} {}",
+           a.dtype(), a.sizes(), b.dtype(), b.sizes());
+  return kernels::where("logical_or", a, scalar_tensor(1.0, DType::Bool), b);
+}
+
 // ---- unary
 Tensor neg(const Tensor& a) {
   Tensor out = kernels::unary("neg", Unary::Neg, a);

@@ -15,7 +15,7 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   });
 }
 
-Tensor embedding(const Tensor& weight, const Tensor& ids) {
+Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx) {
   TP_CHECK(weight.dim() == 2, "embedding: weight must be 2-D [vocab, dim], got shape {}", weight.sizes());
   TP_CHECK(ids.dtype() == DType::Int64, "embedding: ids must be int64, got {} {}", ids.dtype(), ids.sizes());
   Tensor flat = kernels::contiguous(ids);
@@ -26,9 +26,11 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   Tensor out = make_tensor(rows.impl().storage, out_shape, contiguous_strides(out_shape), 0, rows.dtype());
   Shape in = weight.sizes();
   SavedTensor saved_ids(flat, "EmbeddingBackward");  // flat may share the caller's ids storage
-  return record("EmbeddingBackward", out, {weight}, [in, saved_ids](const Tensor& g) {
+  return record("EmbeddingBackward", out, {weight}, [in, saved_ids, padding_idx](const Tensor& g) {
     Tensor ids_flat = saved_ids.get();
-    return TensorList{kernels::index_add(in, 0, ids_flat, reshape(g, {ids_flat.numel(), in[1]}))};
+    Tensor gw = kernels::index_add(in, 0, ids_flat, reshape(g, {ids_flat.numel(), in[1]}));
+    if (padding_idx >= 0) kernels::fill_(select(gw, 0, padding_idx), 0.0);
+    return TensorList{gw};
   });
 }
 

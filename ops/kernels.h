@@ -59,6 +59,17 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
 Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
 
+// Label-smoothed cross-entropy of logits [N, V] against int64 targets [N], fused with the
+// log-softmax: the target distribution q puts 1 - smoothing on the gold class, 0 on ignore_index
+// (when it is a class) and spreads smoothing evenly over the remaining classes; rows whose
+// target is ignore_index carry no loss. Returns the summed loss, each row's log-sum-exp (all
+// that backward needs besides the logits) and the number of counted rows.
+struct CrossEntropyOut { Tensor loss_sum, lse; int64_t count = 0; };
+CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& target, double smoothing, int64_t ignore_index);
+// d loss_sum * scale / d logits = (softmax(logits) - q) * scale on counted rows, 0 elsewhere.
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, double smoothing,
+                              int64_t ignore_index, double scale);
+
 void uniform_(const Tensor& dst, double lo, double hi, std::mt19937_64& engine);
 void normal_(const Tensor& dst, double mean, double std, std::mt19937_64& engine);
 void randint_(const Tensor& dst, int64_t low, int64_t high, std::mt19937_64& engine);

@@ -7,6 +7,8 @@ packages=(
   cmake g++ make pkg-config
   libopenblas-openmp-dev   # BLAS with OpenMP threads: one thread pool shared with our kernels
   libfmt-dev doctest-dev
+  nlohmann-json3-dev       # safetensors headers
+  libcli11-dev             # the command line
 )
 
 missing=()

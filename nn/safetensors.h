@@ -1,0 +1,30 @@
+// The safetensors file format: 8 bytes (little-endian u64) giving the header length, a JSON
+// header {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}}, then
+// the raw little-endian data. The same file loads in PyTorch with safetensors.torch.load_file.
+#pragma once
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/tensor.h"
+
+namespace tapestry::nn {
+
+struct SafetensorsFile {
+  std::vector<std::pair<std::string, Tensor>> tensors;  // in file order
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, Tensor> as_map() const;
+};
+
+// Writes atomically: a temp file beside `path`, flushed and fsync'd, then renamed over it.
+// Any failure (full disk, bad directory) throws and leaves an existing file untouched.
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+// Throws a tapestry::Error naming the file and the fault for anything malformed.
+SafetensorsFile load_safetensors(const std::string& path);
+
+// Writes bytes to path through a temp file and rename (shared by every file tapestry saves).
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+}  // namespace tapestry::nn

@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tools/setup.sh
+tools/setup-reference.sh
 
 sanitize="${TAPESTRY_SANITIZE:-OFF}"
 build_dir=build

@@ -35,7 +35,10 @@ Tensor next_log_probs(Transformer& model, const std::vector<std::vector<int64_t>
     Tensor ys = tensor(all, {rows, len});
     hidden = model.decode(ys, memory, src_mask, model.target_mask(ys)).select(1, len - 1).unsqueeze(1);
   }
-  return log_softmax(model.generate(hidden).select(1, 0), -1);
+  Tensor lp = log_softmax(model.generate(hidden).select(1, 0), -1);
+  // Padding is never an output: it would also be masked as a key when the prefix is re-read.
+  lp.select(1, model.config.pad_id).fill_(-std::numeric_limits<double>::infinity());
+  return lp;
 }
 
 double length_penalty(int64_t len, double alpha) { return std::pow((5.0 + static_cast<double>(len)) / 6.0, alpha); }

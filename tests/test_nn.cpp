@@ -1,0 +1,248 @@
+// nn/: Module registration and naming, train/eval, state save/load in safetensors, the layers,
+// and the fused label-smoothed cross-entropy.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include <unistd.h>
+
+#include "nn/layers.h"
+#include "nn/safetensors.h"
+#include "tests/helpers.h"
+
+using namespace tapestry;
+using namespace tapestry::testing;
+
+namespace {
+struct Block : nn::Module {
+  Block() {
+    fc = register_module("fc", std::make_shared<nn::Linear>(3, 2));
+    norm = register_module("norm", std::make_shared<nn::LayerNorm>(2));
+    drop = register_module("drop", std::make_shared<nn::Dropout>(0.5));
+    scale = register_buffer("scale", full({1}, 2.0));
+  }
+  std::shared_ptr<nn::Linear> fc;
+  std::shared_ptr<nn::LayerNorm> norm;
+  std::shared_ptr<nn::Dropout> drop;
+  Tensor scale;
+};
+
+std::string temp_path(const std::string& name) { return fmt::format("/tmp/tapestry_test_{}_{}", ::getpid(), name); }
+}  // namespace
+
+TEST_CASE("Module names parameters with dots, in registration order") {
+  nn::ModuleList list;
+  list.push_back(std::make_shared<Block>());
+  list.push_back(std::make_shared<Block>());
+  std::vector<std::string> names;
+  for (auto& [n, t] : list.named_parameters()) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"0.fc.weight", "0.fc.bias", "0.norm.weight", "0.norm.bias", "1.fc.weight",
+                                          "1.fc.bias", "1.norm.weight", "1.norm.bias"});
+  CHECK(list.num_parameters() == 2 * (6 + 2 + 2 + 2));
+  CHECK(list.named_buffers().size() == 2);
+  CHECK(list.state_dict().size() == 10);
+  for (auto& p : list.parameters()) CHECK(p.requires_grad());
+  CHECK(list.is_training());
+  list.eval();
+  CHECK_FALSE(list.at<Block>(1)->drop->is_training());
+  list.train();
+  CHECK(list.at<Block>(1)->drop->is_training());
+  CHECK(error_of([&] { list.register_parameter("a.b", ones({1})); }).find("must be non-empty and contain no '.'") !=
+        std::string::npos);
+}
+
+TEST_CASE("save and load round-trip through safetensors; mismatches are named") {
+  manual_seed(1);
+  Block a, b;
+  std::string path = temp_path("block.safetensors");
+  a.save(path, {{"note", "hello"}});
+  CHECK_FALSE(allclose(a.fc->weight, b.fc->weight));
+  Tensor handle = b.fc->weight;
+  b.load(path);
+  CHECK(allclose(a.fc->weight, b.fc->weight, 0, 0));
+  CHECK(handle.storage() == b.fc->weight.storage());  // loaded in place: handles stay valid
+  auto file = nn::load_safetensors(path);
+  CHECK(file.metadata.at("note") == "hello");
+  CHECK(file.tensors[0].first == "fc.weight");
+
+  struct Other : nn::Module {
+    Other() {
+      register_module("fc", std::make_shared<nn::Linear>(4, 2));
+      register_parameter("extra", ones({1}));
+    }
+  } other;
+  std::string msg = error_of([&] { other.load(path); });
+  CHECK(msg.find("fc.weight: checkpoint has float32 [2, 3], model has float32 [2, 4]") != std::string::npos);
+  CHECK(msg.find("missing in checkpoint: extra") != std::string::npos);
+  CHECK(msg.find("unexpected in checkpoint: norm.bias, norm.weight, scale") != std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("safetensors: exact bytes, all dtypes, bad files give clear errors") {
+  std::string path = temp_path("t.safetensors");
+  nn::save_safetensors(path, {{"a", tensor({1.f, 2.f})}, {"b", arange(3)}, {"c", tensor({0.5}, {1, 1})},
+                              {"m", gt(tensor({1.f, -1.f}), 0.0)}, {"t", arange(6).reshape({2, 3}).t()}});
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  CHECK(n % 8 == 0);
+  std::string head = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{)";
+  CHECK(bytes.substr(8, head.size()) == head);
+  auto f = nn::load_safetensors(path).as_map();
+  CHECK(values(f.at("a")) == std::vector<double>{1, 2});
+  CHECK(f.at("b").dtype() == kInt64);
+  CHECK(f.at("c").sizes() == Shape{1, 1});
+  CHECK(f.at("m").dtype() == kBool);
+  CHECK(values(f.at("t")) == std::vector<double>{0, 3, 1, 4, 2, 5});  // non-contiguous saved in logical order
+
+  CHECK(error_of([] { nn::load_safetensors("/nonexistent/x.safetensors"); }).find("cannot open /nonexistent/x.safetensors") !=
+        std::string::npos);
+  {
+    std::ofstream bad(path, std::ios::binary);
+    bad << "garbage";
+  }
+  CHECK(error_of([&] { nn::load_safetensors(path); }).find("is not a safetensors file") != std::string::npos);
+  {
+    std::ofstream bad(path, std::ios::binary);
+    std::string hdr = R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,8]}})";
+    uint64_t len = hdr.size();
+    for (int i = 0; i < 8; ++i) bad.put(static_cast<char>((len >> (8 * i)) & 0xff));
+    bad << hdr << std::string(8, '\0');
+  }
+  CHECK(error_of([&] { nn::load_safetensors(path); }).find("tensor 'x' of shape [4] does not match its 8 data bytes") !=
+        std::string::npos);
+  // A failed save leaves the existing file alone.
+  nn::save_safetensors(path, {{"keep", ones({2})}});
+  CHECK(error_of([&] { nn::save_safetensors("/nonexistent/dir/y.safetensors", {{"k", ones({1})}}); })
+            .find("save: cannot create /nonexistent/dir/y.safetensors") != std::string::npos);
+  CHECK(nn::load_safetensors(path).tensors[0].first == "keep");
+  std::remove(path.c_str());
+}
+
+TEST_CASE("Linear, Embedding, LayerNorm and Dropout compute what they should") {
+  nn::Linear lin(3, 2);
+  {
+    NoGradGuard g;
+    lin.weight.copy_(tensor({1.f, 0.f, -1.f, 2.f, 1.f, 0.f}, {2, 3}));
+    lin.bias.copy_(tensor({0.5f, -0.5f}));
+  }
+  check_values(lin.forward(tensor({1.f, 2.f, 3.f})), {-1.5, 3.5});
+  Tensor y = lin.forward(ones({4, 5, 3}));
+  CHECK(y.sizes() == Shape{4, 5, 2});
+  check_values(y.select(0, 3).select(0, 4), {0.5, 2.5});
+  CHECK(error_of([&] { lin.forward(ones({2, 4})); }).find("Linear: input of shape [2, 4] does not end in in_features=3") !=
+        std::string::npos);
+
+  nn::Embedding emb(5, 3, 0);
+  check_values(emb.weight.select(0, 0), {0, 0, 0});
+  Tensor ids = tensor({0, 2, 2, 0}, {2, 2});
+  sum(emb.forward(ids)).backward();
+  check_values(emb.weight.grad().select(0, 0), {0, 0, 0});  // padding row: no gradient
+  check_values(emb.weight.grad().select(0, 2), {2, 2, 2});
+
+  nn::LayerNorm ln(4);
+  check_values(ln.forward(tensor({1.f, 1.f, 1.f, 1.f})), {0, 0, 0, 0});
+
+  nn::Dropout drop(0.5);
+  Tensor x = ones({1000});
+  CHECK(values(drop.forward(x)) != values(x));
+  drop.eval();
+  CHECK(values(drop.forward(x)) == values(x));
+  CHECK(error_of([] { nn::Dropout(1.0); }).find("Dropout: probability must be in [0, 1), got 1") != std::string::npos);
+}
+
+TEST_CASE("MultiHeadAttention: masks, attention weights, and the cache") {
+  manual_seed(3);
+  nn::MultiHeadAttention mha(8, 2);
+  Tensor x = randn({2, 5, 8});
+  Tensor causal = gt(arange(5).unsqueeze(0), arange(5).unsqueeze(1));
+  mha.keep_attention = true;
+  Tensor out = mha.forward(x, x, x, causal);
+  CHECK(out.sizes() == Shape{2, 5, 8});
+  Tensor w = mha.last_attention;
+  CHECK(w.sizes() == Shape{2, 2, 5, 5});
+  check_values(sum(w, {-1}), std::vector<double>(20, 1.0));
+  CHECK(w.select(2, 0).select(2, 1).sum().item<float>() == 0.0f);  // position 0 never sees position 1
+  // Causality: changing the last position leaves earlier outputs unchanged.
+  Tensor x2 = x.clone();
+  {
+    NoGradGuard g;
+    x2.select(1, 4).fill_(7.0);
+  }
+  Tensor out2 = mha.forward(x2, x2, x2, causal);
+  CHECK(allclose(out.slice(1, 0, 4), out2.slice(1, 0, 4), 1e-5, 1e-6));
+  // Key padding mask [B, 1, 1, T]: padded keys get zero weight.
+  Tensor pad = gt(tensor({0, 0, 0, 1, 1, 0, 0, 0, 0, 0}, {2, 1, 1, 5}), 0.0);
+  mha.forward(x, x, x, pad);
+  CHECK(sum(mha.last_attention.select(0, 0).slice(-1, 3, 5)).item<float>() == 0.0f);
+  // Incremental: feeding one position at a time through a cache equals the full causal pass.
+  nn::KVCache cache;
+  std::vector<Tensor> steps;
+  for (int64_t t = 0; t < 5; ++t) {
+    Tensor xt = x.slice(1, t, t + 1);
+    steps.push_back(mha.forward(xt, xt, xt, Tensor(), &cache));
+  }
+  CHECK(allclose(cat(steps, 1), out, 1e-5, 1e-6));
+  CHECK(error_of([] { nn::MultiHeadAttention(10, 3); }).find("d_model 10 is not divisible by 3 heads") !=
+        std::string::npos);
+}
+
+TEST_CASE("PositionalEncoding adds the sinusoids and extends to any length") {
+  nn::PositionalEncoding pe(4, 0.0, 8);
+  Tensor y = pe.forward(zeros({1, 3, 4}));
+  // pos 2: sin(2), cos(2), sin(2/100), cos(2/100)
+  check_values(y.select(1, 2), {std::sin(2.0), std::cos(2.0), std::sin(0.02), std::cos(0.02)}, 1e-5);
+  Tensor long_y = pe.forward(zeros({1, 20, 4}), 5);
+  CHECK(long_y.sizes() == Shape{1, 20, 4});
+  check_values(long_y.select(0, 0).select(0, 19).slice(0, 0, 1), {std::sin(24.0)}, 1e-5);
+}
+
+TEST_CASE("cross_entropy: values by hand, label smoothing, ignore index, gradcheck") {
+  // logits row [0, ln 2, ln 3] -> softmax [1/6, 2/6, 3/6]
+  Tensor logits = tensor({0.0, std::log(2.0), std::log(3.0), 0.0, 0.0, 0.0}, {2, 3});
+  Tensor target = tensor({2, 0});
+  check_values(cross_entropy(logits, target), {(-std::log(0.5) - std::log(1.0 / 3)) / 2});
+  check_values(cross_entropy(logits, target, 0.0, -100, Reduction::Sum), {-std::log(0.5) - std::log(1.0 / 3)});
+  // ignore row 1
+  check_values(cross_entropy(logits, tensor({2, 1}), 0.0, 1), {-std::log(0.5)});
+  // smoothing 0.2 with ignore_index 0 as the padding class: q = [0, 0.2, 0.8] for gold 2
+  check_values(cross_entropy(logits.slice(0, 0, 1), tensor({2}), 0.2, 0),
+               {-(0.2 * std::log(2.0 / 6) + 0.8 * std::log(0.5))});
+  // without a padding class: the 0.2 spreads over the two other classes
+  check_values(cross_entropy(logits.slice(0, 0, 1), tensor({2}), 0.2),
+               {-(0.1 * std::log(1.0 / 6) + 0.1 * std::log(2.0 / 6) + 0.8 * std::log(0.5))});
+  // all rows ignored: 0, not NaN
+  check_values(cross_entropy(logits, tensor({1, 1}), 0.1, 1), {0});
+
+  Tensor tgt = tensor({3, 0, 1, 4, 0});
+  for (double eps : {0.0, 0.1}) {
+    for (auto red : {Reduction::Mean, Reduction::Sum}) {
+      Generator gen(5);
+      Tensor x = randn({5, 6}, kFloat64, &gen).requires_grad_();
+      CHECK(gradcheck([&](const TensorList& in) { return cross_entropy(in[0], tgt, eps, 0, red); }, {x}));
+      Tensor xt = randn({6, 5}, kFloat64, &gen).t().detach().requires_grad_();  // non-contiguous logits
+      CHECK(gradcheck([&](const TensorList& in) { return cross_entropy(in[0], tgt, eps, 0, red) * 3.0; }, {xt}));
+    }
+  }
+  // The fused op equals its composite definition.
+  Generator gen(9);
+  Tensor x = randn({5, 6}, kFloat64, &gen);
+  Tensor lp = log_softmax(x, 1);
+  Tensor q = full({5, 6}, 0.1 / 4, kFloat64);
+  std::vector<int64_t> t = tgt.to_vector<int64_t>();
+  double composite = 0;
+  int counted = 0;
+  for (int r = 0; r < 5; ++r) {
+    if (t[r] == 0) continue;
+    ++counted;
+    for (int j = 0; j < 6; ++j) {
+      double qj = j == t[r] ? 0.9 : (j == 0 ? 0.0 : 0.1 / 4);
+      composite -= qj * lp.select(0, r).select(0, j).item<double>();
+    }
+  }
+  CHECK(cross_entropy(x, tgt, 0.1, 0).item<double>() == doctest::Approx(composite / counted).epsilon(1e-12));
+  CHECK(error_of([&] { cross_entropy(x, tensor({1, 2, 3, 4, 9}), 0.1, 0); })
+            .find("cross_entropy: target 9 in row 4 is out of range for 6 classes") != std::string::npos);
+  CHECK(error_of([&] { cross_entropy(x, tensor({1, 2})); }).find("target must be int64 [5]") != std::string::npos);
+}

@@ -24,6 +24,7 @@ CopyTaskResult train_copy_task(const CopyTaskOptions& o, const std::function<voi
   cfg.d_model = o.d_model, cfg.heads = o.heads, cfg.d_ff = o.d_ff;
   cfg.enc_layers = cfg.dec_layers = o.layers;
   cfg.dropout = o.dropout;
+  cfg.pre_norm = o.pre_norm;
   cfg.pad_id = 0;
   Transformer model(cfg);
   optim::AdamOptions ao;

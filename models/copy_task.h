@@ -11,8 +11,9 @@ struct CopyTaskOptions {
   int64_t vocab = 11, seq_len = 10, batch = 80;
   int64_t d_model = 512, heads = 8, d_ff = 2048, layers = 2;
   double dropout = 0.1;
+  bool pre_norm = true;  // the Annotated Transformer's layout; post-norm diverges at its lr peak
   int64_t warmup = 400;
-  double lr_factor = 1.0;
+  double lr_factor = 0.5;  // the Annotated Transformer: Adam lr 0.5 times rate(factor 1): peak 1.1e-3
   int64_t max_steps = 3000;
   int64_t eval_every = 50;     // steps between held-out checks
   int64_t eval_sequences = 200;

@@ -41,14 +41,21 @@ Tensor next_log_probs(Transformer& model, const std::vector<std::vector<int64_t>
   return lp;
 }
 
+// Eval mode for the decoder's lifetime; the caller's mode comes back even if decoding throws.
+struct EvalScope {
+  explicit EvalScope(nn::Module& m) : module(m), was_training(m.is_training()) { m.eval(); }
+  ~EvalScope() { module.train(was_training); }
+  nn::Module& module;
+  bool was_training;
+};
+
 double length_penalty(int64_t len, double alpha) { return std::pow((5.0 + static_cast<double>(len)) / 6.0, alpha); }
 
 }  // namespace
 
 std::vector<Hypothesis> greedy_decode(Transformer& model, const Tensor& src, const DecodeOptions& opt) {
   NoGradGuard no_grad;
-  bool was_training = model.is_training();
-  model.eval();
+  EvalScope eval_scope(model);
   const int64_t B = src.size(0), pad = model.config.pad_id;
   Tensor src_mask = model.source_mask(src);
   Tensor memory = model.encode(src, src_mask);
@@ -76,16 +83,16 @@ std::vector<Hypothesis> greedy_decode(Transformer& model, const Tensor& src, con
     }
     if (all_done) break;
   }
-  model.train(was_training);
   return out;
 }
 
 std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64_t K, double alpha,
                                     const DecodeOptions& opt) {
   TP_CHECK(K >= 1, "beam_search: beam size must be at least 1, got {}", K);
+  // The early-stop bound assumes the length penalty grows with length.
+  TP_CHECK(alpha >= 0, "beam_search: length penalty alpha must be non-negative, got {}", alpha);
   NoGradGuard no_grad;
-  bool was_training = model.is_training();
-  model.eval();
+  EvalScope eval_scope(model);
   const int64_t B = src.size(0), pad = model.config.pad_id;
   const double NEG = -std::numeric_limits<double>::infinity();
   Tensor src_mask0 = model.source_mask(src);
@@ -190,7 +197,6 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
     }
     out[b] = *std::max_element(f.begin(), f.end(), [](auto& x, auto& y) { return x.score < y.score; });
   }
-  model.train(was_training);
   return out;
 }
 

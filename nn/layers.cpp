@@ -24,7 +24,8 @@ Tensor Linear::forward(const Tensor& x) const {
 }
 
 Embedding::Embedding(int64_t num, int64_t dim, int64_t padding_idx_) : padding_idx(padding_idx_) {
-  TP_CHECK(padding_idx < num, "Embedding: padding_idx {} is out of range for {} embeddings", padding_idx, num);
+  TP_CHECK(padding_idx >= -1 && padding_idx < num,
+           "Embedding: padding_idx {} is out of range for {} embeddings (-1 for none)", padding_idx, num);
   Tensor w = randn({num, dim});
   if (padding_idx >= 0) w.select(0, padding_idx).zero_();
   weight = register_parameter("weight", w);

@@ -17,7 +17,8 @@ class Linear : public Module {
   Tensor weight, bias;
 };
 
-// Lookup table [num, dim], init N(0, 1). The padding row starts at zero and gets no gradient.
+// Lookup table [num, dim], init N(0, 1). The padding row starts at zero and the lookup sends it
+// no gradient (a weight tied elsewhere, as the generator's, may still move it, as in PyTorch).
 class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t dim, int64_t padding_idx = -1);

@@ -7,16 +7,18 @@
 
 namespace tapestry::nn {
 
-namespace {
-void check_name(const char* what, const std::string& name) {
+void Module::check_name(const char* what, const std::string& name) const {
   TP_CHECK(!name.empty() && name.find('.') == std::string::npos,
            "Module::{}: name '{}' must be non-empty and contain no '.'", what, name);
+  bool taken = false;
+  for (auto& [n, t] : params_) taken = taken || n == name;
+  for (auto& [n, t] : buffers_) taken = taken || n == name;
+  for (auto& [n, m] : children_) taken = taken || n == name;
+  TP_CHECK(!taken, "Module::{}: '{}' is already registered", what, name);
 }
-}  // namespace
 
 Tensor Module::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
   check_name("register_parameter", name);
-  for (auto& [n, t] : params_) TP_CHECK(n != name, "Module::register_parameter: '{}' is already registered", name);
   if (requires_grad && !value.requires_grad()) value = value.detach().requires_grad_();
   params_.emplace_back(name, value);
   return value;
@@ -40,7 +42,6 @@ Tensor Module::register_buffer(const std::string& name, Tensor value) {
 void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
   check_name("register_module", name);
   TP_CHECK(module != nullptr, "Module::register_module: '{}' is null", name);
-  for (auto& [n, m] : children_) TP_CHECK(n != name, "Module::register_module: '{}' is already registered", name);
   module->train(training_);
   children_.emplace_back(name, std::move(module));
 }

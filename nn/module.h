@@ -1,8 +1,9 @@
 // Module: the base of every layer and model, in libtorch's shape. A module owns named
 // parameters, buffers and submodules, registered in order; names nest with dots
-// ("encoder.layers.0.self_attn.w_q.weight") and match the PyTorch reference model exactly, so
+// ("encoder.0.self_attn.w_q.weight") and match the PyTorch reference model exactly, so
 // loading a checkpoint is a name lookup. State is saved as safetensors (nn/safetensors.h).
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -61,6 +62,7 @@ class Module {
 
  private:
   void collect(const std::string& prefix, bool recurse, bool params, NamedTensors& out) const;
+  void check_name(const char* what, const std::string& name) const;  // valid and not yet taken
   NamedTensors params_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;

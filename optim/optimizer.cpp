@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "nn/safetensors.h"
 #include "ops/cpu/loops.h"
 
 namespace tapestry::optim {
@@ -10,8 +11,8 @@ namespace tapestry::optim {
 Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)), lr_(lr) {
   TP_CHECK(lr >= 0, "optimizer: learning rate must be non-negative, got {}", lr);
   for (size_t i = 0; i < params_.size(); ++i) {
-    TP_CHECK(params_[i].defined() && params_[i].requires_grad() && params_[i].is_leaf(),
-             "optimizer: parameter {} must be a leaf tensor that requires grad", i);
+    // A frozen parameter (requires_grad off) is allowed: it never has a gradient, so step skips it.
+    TP_CHECK(params_[i].defined() && params_[i].is_leaf(), "optimizer: parameter {} must be a leaf tensor", i);
     TP_CHECK(params_[i].is_contiguous(), "optimizer: parameter {} (shape {}) must be contiguous", i,
              params_[i].sizes());
   }
@@ -50,7 +51,12 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
     if (key == "step" || key == "lr") continue;
     auto dot = key.rfind('.');
     TP_CHECK(dot != std::string::npos, "optimizer load_state_dict: unexpected entry '{}'", key);
-    size_t idx = std::stoul(key.substr(dot + 1));
+    size_t idx = 0;
+    try {
+      idx = std::stoul(key.substr(dot + 1));
+    } catch (const std::exception&) {
+      throw Error(fmt::format("optimizer load_state_dict: unexpected entry '{}'", key));
+    }
     TP_CHECK(idx < params_.size(), "optimizer load_state_dict: '{}' refers to parameter {} but there are {}", key, idx,
              params_.size());
     TP_CHECK(t.sizes() == params_[idx].sizes() && t.dtype() == params_[idx].dtype(),
@@ -67,6 +73,10 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
   lr_ = lr;
   buffers_ = std::move(buffers);
 }
+
+void Optimizer::save(const std::string& path) const { nn::save_safetensors(path, state_dict()); }
+
+void Optimizer::load(const std::string& path) { load_state_dict(nn::load_safetensors(path).as_map()); }
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params), o.lr), options(o) {
   TP_CHECK(o.momentum >= 0 && o.weight_decay >= 0, "SGD: momentum and weight_decay must be non-negative");

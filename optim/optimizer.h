@@ -27,6 +27,9 @@ class Optimizer {
   nn::NamedTensors state_dict() const;
   // Checks that the state fits these parameters (count, shapes) and names what does not.
   void load_state_dict(const std::map<std::string, Tensor>& state);
+  // The state as a safetensors file beside the model's (atomic write, as Module::save).
+  void save(const std::string& path) const;
+  void load(const std::string& path);
 
  protected:
   // Named per-parameter buffers (e.g. exp_avg), zero-initialized on first use.

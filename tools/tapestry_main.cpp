@@ -10,10 +10,24 @@ using namespace tapestry;
 
 namespace {
 
+// CLI11's PositiveNumber prints the whole range of a double; this says it plainly.
+const CLI::Validator kPositive(
+    [](std::string& value) {
+      try {
+        size_t used = 0;
+        if (std::stoll(value, &used) > 0 && used == value.size()) return std::string();
+      } catch (const std::exception&) {
+      }
+      return "must be a positive integer, got '" + value + "'";
+    },
+    "POSITIVE");
+
 int run_copy(const models::CopyTaskOptions& o) {
-  std::printf("copy task: vocab %lld, length %lld, batch %lld, d_model %lld, %lld+%lld layers, %lld heads, d_ff %lld\n",
+  std::printf("copy task: vocab %lld, length %lld, batch %lld, d_model %lld, %lld+%lld %s-norm layers, %lld heads, "
+              "d_ff %lld, Noam warmup %lld\n",
               (long long)o.vocab, (long long)o.seq_len, (long long)o.batch, (long long)o.d_model, (long long)o.layers,
-              (long long)o.layers, (long long)o.heads, (long long)o.d_ff);
+              (long long)o.layers, o.pre_norm ? "pre" : "post", (long long)o.heads, (long long)o.d_ff,
+              (long long)o.warmup);
   auto r = models::train_copy_task(o, [](int64_t step, double loss, double acc) {
     std::printf("step %5lld  loss %.4f  exact copies %.1f%%\n", (long long)step, loss, 100 * acc);
     std::fflush(stdout);
@@ -38,14 +52,17 @@ int main(int argc, char** argv) {
   train->add_option("--task", task, "what to train")->check(CLI::IsMember({"copy"}))->capture_default_str();
   models::CopyTaskOptions copy;
   int threads = 0;
-  train->add_option("--steps", copy.max_steps, "maximum training steps")->capture_default_str()->check(CLI::PositiveNumber);
-  train->add_option("--batch", copy.batch, "sequences per batch")->capture_default_str()->check(CLI::PositiveNumber);
-  train->add_option("--d-model", copy.d_model, "model width")->capture_default_str()->check(CLI::PositiveNumber);
-  train->add_option("--heads", copy.heads, "attention heads")->capture_default_str()->check(CLI::PositiveNumber);
-  train->add_option("--d-ff", copy.d_ff, "feed-forward width")->capture_default_str()->check(CLI::PositiveNumber);
-  train->add_option("--layers", copy.layers, "encoder and decoder layers")->capture_default_str()->check(CLI::PositiveNumber);
-  train->add_option("--warmup", copy.warmup, "Noam warmup steps")->capture_default_str()->check(CLI::PositiveNumber);
+  train->add_option("--steps", copy.max_steps, "maximum training steps")->capture_default_str()->check(kPositive);
+  train->add_option("--batch", copy.batch, "sequences per batch")->capture_default_str()->check(kPositive);
+  train->add_option("--d-model", copy.d_model, "model width")->capture_default_str()->check(kPositive);
+  train->add_option("--heads", copy.heads, "attention heads")->capture_default_str()->check(kPositive);
+  train->add_option("--d-ff", copy.d_ff, "feed-forward width")->capture_default_str()->check(kPositive);
+  train->add_option("--layers", copy.layers, "encoder and decoder layers")->capture_default_str()->check(kPositive);
+  train->add_option("--warmup", copy.warmup, "Noam warmup steps")->capture_default_str()->check(kPositive);
   train->add_option("--seed", copy.seed, "random seed")->capture_default_str();
+  train->add_option("--lr-factor", copy.lr_factor, "Noam schedule factor")->capture_default_str();
+  bool post_norm = false;
+  train->add_flag("--post-norm", post_norm, "the paper's post-norm layers (default: pre-norm, as the Annotated Transformer)");
   train->add_option("--threads", threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
 
   try {
@@ -55,6 +72,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (threads > 0) set_num_threads(threads);
+    copy.pre_norm = !post_norm;
     if (*train) return run_copy(copy);
     std::printf("%s", app.help().c_str());
     return 0;

@@ -20,4 +20,6 @@ jobs="$(nproc)"
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" -DTAPESTRY_SANITIZE="$sanitize" >/dev/null
 cmake --build "$build_dir" -j "$jobs"
 cd "$build_dir"
-ctest --output-on-failure -j "$jobs" ${CTEST_ARGS:-}
+# One test at a time: each uses every core through OpenMP and OpenBLAS, and two at once on two
+# cores oversubscribe them (spinning OpenMP threads made the copy-task tests 20x slower).
+ctest --output-on-failure ${CTEST_ARGS:-}

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "models/copy_task.h"
+#include "tools/bench.h"
 #include "tapestry.h"
 
 using namespace tapestry;
@@ -65,6 +66,16 @@ int main(int argc, char** argv) {
   train->add_flag("--post-norm", post_norm, "the paper's post-norm layers (default: pre-norm, as the Annotated Transformer)");
   train->add_option("--threads", threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
 
+  auto* bench = app.add_subcommand("bench", "time a named workload (see docs/benchmarks.md)");
+  tools::BenchOptions bo;
+  bench->add_option("--workload", bo.workload, "copy, small or base")
+      ->check(CLI::IsMember({"copy", "small", "base"}))
+      ->capture_default_str();
+  bench->add_option("--threads", bo.threads, "threads (default: all cores)")->check(kPositive);
+  bench->add_option("--steps", bo.steps, "timed train steps")->check(kPositive)->capture_default_str();
+  bench->add_option("--warmup", bo.warmup, "untimed steps first")->capture_default_str();
+  bench->add_flag("--json", bo.json, "one JSON object on one line");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -74,6 +85,7 @@ int main(int argc, char** argv) {
     if (threads > 0) set_num_threads(threads);
     copy.pre_norm = !post_norm;
     if (*train) return run_copy(copy);
+    if (*bench) return tools::run_bench(bo);
     std::printf("%s", app.help().c_str());
     return 0;
   } catch (const Error& e) {

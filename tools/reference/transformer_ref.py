@@ -110,7 +110,18 @@ class DecoderLayer(nn.Module):
         return self.norm3(x + self.dropout(self.ff(x)))
 
 
+_PE_CACHE = {}
+
+
 def positional_encoding(length, d_model):
+    """The sinusoid table [length, d_model] in float32 (computed in float64, cached)."""
+    key = (length, d_model)
+    if key not in _PE_CACHE:
+        _PE_CACHE[key] = _positional_encoding(length, d_model)
+    return _PE_CACHE[key]
+
+
+def _positional_encoding(length, d_model):
     pos = torch.arange(length, dtype=torch.float64).unsqueeze(1)
     i = torch.arange(0, d_model, 2, dtype=torch.float64)
     angle = pos / torch.pow(10000.0, i / d_model)
@@ -139,22 +150,25 @@ class Transformer(nn.Module):
         x = table(ids) * math.sqrt(self.c["d_model"])
         return self.drop(x + positional_encoding(ids.size(1), self.c["d_model"]))
 
-    def forward(self, src, tgt):
-        pad = self.c["pad_id"]
-        src_mask = (src == pad)[:, None, None, :]
-        T = tgt.size(1)
-        future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-        tgt_mask = (tgt == pad)[:, None, None, :] | future
+    def encode(self, src):
+        src_mask = (src == self.c["pad_id"])[:, None, None, :]
         x = self.embed(self.src_embed, src)
         for layer in self.encoder:
             x = layer(x, src_mask)
-        memory = self.encoder_norm(x) if self.c["pre_norm"] else x
+        return (self.encoder_norm(x) if self.c["pre_norm"] else x), src_mask
+
+    def decode(self, tgt, memory, src_mask):
+        T = tgt.size(1)
+        future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        tgt_mask = (tgt == self.c["pad_id"])[:, None, None, :] | future
         y = self.embed(self.tgt_embed, tgt)
         for layer in self.decoder:
             y = layer(y, memory, src_mask, tgt_mask)
-        if self.c["pre_norm"]:
-            y = self.decoder_norm(y)
-        return self.generator(y)
+        return self.decoder_norm(y) if self.c["pre_norm"] else y
+
+    def forward(self, src, tgt):
+        memory, src_mask = self.encode(src)
+        return self.generator(self.decode(tgt, memory, src_mask))
 
 
 def smoothed_cross_entropy(logits, target, eps, pad):

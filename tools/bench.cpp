@@ -1,0 +1,154 @@
+// Benchmarks (`tapestry bench`). A workload is a Transformer size and a synthetic batch drawn
+// from a seed; the figures are: the train step (forward + label-smoothed loss + backward + Adam
+// step) as the median over `steps` after `warmup`, target tokens/s and achieved GFLOP/s;
+// forward-only time; greedy decoding tokens/s with the KV cache; sgemm GFLOP/s of our matmul on
+// the workload's largest shape; and peak RSS. tools/reference/bench_torch.py measures the same.
+#include "tools/bench.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <thread>
+
+#include "models/transformer.h"
+#include "optim/optimizer.h"
+
+namespace tapestry::tools {
+
+namespace {
+
+struct Workload {
+  int64_t d_model, enc_layers, dec_layers, heads, d_ff, vocab, batch, src_len, tgt_len;
+};
+
+const std::map<std::string, Workload>& workloads() {
+  static const std::map<std::string, Workload> w = {
+      {"copy", {512, 2, 2, 8, 2048, 11, 80, 10, 10}},
+      {"small", {256, 3, 3, 8, 1024, 8000, 64, 32, 32}},
+      {"base", {512, 6, 6, 8, 2048, 37000, 32, 32, 32}},
+  };
+  return w;
+}
+
+// Matmul FLOPs (2 m n k) of one forward pass; the backward costs twice the forward.
+double forward_flops(const Workload& w) {
+  const double B = w.batch, S = w.src_len, T = w.tgt_len, D = w.d_model, F = w.d_ff, V = w.vocab;
+  double enc = 4 * 2 * B * S * D * D + 2 * 2 * B * S * S * D + 2 * 2 * B * S * D * F;
+  double dec = 4 * 2 * B * T * D * D + 2 * 2 * B * T * T * D       // self-attention
+               + 2 * 2 * B * T * D * D + 2 * 2 * B * S * D * D      // cross: q, o; k, v of memory
+               + 2 * 2 * B * T * S * D + 2 * 2 * B * T * D * F;    // cross scores and values; FFN
+  return w.enc_layers * enc + w.dec_layers * dec + 2 * B * T * D * V;
+}
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double peak_rss_mib() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& o) {
+  auto it = workloads().find(o.workload);
+  TP_CHECK(it != workloads().end(), "bench: unknown workload '{}' (expected copy, small or base)", o.workload);
+  const Workload w = it->second;
+  int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
+  set_num_threads(threads);
+  manual_seed(1234);
+  Generator data(42);
+
+  models::TransformerConfig c;
+  c.src_vocab = c.tgt_vocab = w.vocab;
+  c.d_model = w.d_model, c.heads = w.heads, c.d_ff = w.d_ff, c.enc_layers = w.enc_layers, c.dec_layers = w.dec_layers;
+  c.dropout = 0.1, c.pad_id = 0;
+  models::Transformer model(c);
+  optim::AdamOptions ao;
+  ao.lr = 1e-4, ao.beta1 = 0.9, ao.beta2 = 0.98, ao.eps = 1e-9;
+  optim::Adam adam(model.parameters(), ao);
+  // Tokens in [3, vocab): no padding, so every target token counts.
+  Tensor src = randint(3, w.vocab, {w.batch, w.src_len}, DType::Int64, &data);
+  Tensor tgt = randint(3, w.vocab, {w.batch, w.tgt_len + 1}, DType::Int64, &data);
+  Tensor tgt_in = tgt.slice(1, 0, w.tgt_len).contiguous(), tgt_out = tgt.slice(1, 1, w.tgt_len + 1).contiguous();
+
+  std::vector<double> train_ms;
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    double t0 = now_ms();
+    Tensor loss = model.loss(src, tgt_in, tgt_out, 0.1);
+    loss.backward();
+    adam.step();
+    adam.zero_grad();
+    double t1 = now_ms();
+    if (s >= o.warmup) train_ms.push_back(t1 - t0);
+  }
+  std::vector<double> fwd_ms;
+  for (int s = 0; s < std::max(3, o.steps / 2); ++s) {
+    NoGradGuard no_grad;
+    double t0 = now_ms();
+    Tensor logits = model.forward(src, tgt_in);
+    fwd_ms.push_back(now_ms() - t0);
+  }
+  // Greedy decoding of the batch's sources for exactly tgt_len tokens (no end symbol).
+  models::DecodeOptions dec;
+  dec.bos = 1, dec.eos = -1, dec.max_extra = w.tgt_len - w.src_len;
+  double d0 = now_ms();
+  auto hyps = models::greedy_decode(model, src, dec);
+  double decode_ms = now_ms() - d0;
+  int64_t decoded = 0;
+  for (auto& h : hyps) decoded += static_cast<int64_t>(h.tokens.size());
+  // sgemm on the workload's feed-forward shape: (B*T, D) @ (D, F).
+  Tensor a = randn({w.batch * w.tgt_len, w.d_model}), b = randn({w.d_model, w.d_ff});
+  std::vector<double> gemm_ms;
+  for (int s = 0; s < 10; ++s) {
+    double t0 = now_ms();
+    Tensor y = matmul(a, b);
+    gemm_ms.push_back(now_ms() - t0);
+  }
+
+  const double step_ms = median(train_ms);
+  const double tokens = static_cast<double>(w.batch * w.tgt_len);
+  const double train_gflops = 3 * forward_flops(w) / (step_ms * 1e6);
+  const double sgemm_gflops = 2.0 * w.batch * w.tgt_len * w.d_model * w.d_ff / (median(gemm_ms) * 1e6);
+  const double tok_s = tokens / (step_ms / 1000);
+  const double dec_tok_s = static_cast<double>(decoded) / (decode_ms / 1000);
+  if (o.json) {
+    std::printf(
+        "{\"impl\": \"tapestry\", \"workload\": \"%s\", \"threads\": %d, \"train_ms_median\": %.3f, \"train_ms_min\": "
+        "%.3f, \"train_ms_max\": %.3f, \"tgt_tokens_per_s\": %.1f, \"train_gflops\": %.2f, \"forward_ms_median\": "
+        "%.3f, \"decode_tokens_per_s\": %.1f, \"sgemm_gflops\": %.2f, \"peak_rss_mib\": %.1f, \"params\": %lld}\n",
+        o.workload.c_str(), threads, step_ms, *std::min_element(train_ms.begin(), train_ms.end()),
+        *std::max_element(train_ms.begin(), train_ms.end()), tok_s, train_gflops, median(fwd_ms), dec_tok_s,
+        sgemm_gflops, peak_rss_mib(), static_cast<long long>(model.num_parameters()));
+    return 0;
+  }
+  std::printf("workload %s: d_model %lld, %lld+%lld layers, %lld heads, d_ff %lld, vocab %lld, batch %lldx%lldx%lld, "
+              "%lld parameters, %d threads\n",
+              o.workload.c_str(), (long long)w.d_model, (long long)w.enc_layers, (long long)w.dec_layers,
+              (long long)w.heads, (long long)w.d_ff, (long long)w.vocab, (long long)w.batch, (long long)w.src_len,
+              (long long)w.tgt_len, (long long)model.num_parameters(), threads);
+  std::printf("train step        %8.2f ms median (min %.2f, max %.2f, %d steps)\n", step_ms,
+              *std::min_element(train_ms.begin(), train_ms.end()), *std::max_element(train_ms.begin(), train_ms.end()),
+              o.steps);
+  std::printf("target tokens/s   %8.0f\n", tok_s);
+  std::printf("train GFLOP/s     %8.1f (matmul FLOPs: %.2f GFLOP per step)\n", train_gflops, 3 * forward_flops(w) / 1e9);
+  std::printf("forward           %8.2f ms median\n", median(fwd_ms));
+  std::printf("greedy decode     %8.0f tokens/s (KV cache, %lld tokens)\n", dec_tok_s, (long long)decoded);
+  std::printf("sgemm             %8.1f GFLOP/s (%lldx%lld @ %lldx%lld)\n", sgemm_gflops,
+              (long long)(w.batch * w.tgt_len), (long long)w.d_model, (long long)w.d_model, (long long)w.d_ff);
+  std::printf("peak RSS          %8.1f MiB\n", peak_rss_mib());
+  return 0;
+}
+
+}  // namespace tapestry::tools

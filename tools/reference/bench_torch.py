@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The `tapestry bench` workloads in PyTorch, written the plain way a PyTorch user would.
+
+    /usr/bin/python3 tools/reference/bench_torch.py --workload small --threads 2 [--json]
+
+Same model (tools/reference/transformer_ref.py: nn.Linear, nn.LayerNorm, F.softmax), same
+sizes, dropout 0.1, F.cross_entropy with label_smoothing=0.1, torch.optim.Adam, synthetic
+tokens. Greedy decoding is the Annotated Transformer's loop, which re-decodes the whole prefix
+for every new token (PyTorch's nn modules have no KV cache). Run with OMP_WAIT_POLICY=PASSIVE
+or ACTIVE set in the environment: tools/bench-compare.sh picks the faster one and says which.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from transformer_ref import Transformer  # noqa: E402
+
+WORKLOADS = {  # d_model, enc, dec, heads, d_ff, vocab, batch, src_len, tgt_len
+    "copy": (512, 2, 2, 8, 2048, 11, 80, 10, 10),
+    "small": (256, 3, 3, 8, 1024, 8000, 64, 32, 32),
+    "base": (512, 6, 6, 8, 2048, 37000, 32, 32, 32),
+}
+
+
+def forward_flops(d, le, ld, f, v, b, s, t):
+    enc = 4 * 2 * b * s * d * d + 2 * 2 * b * s * s * d + 2 * 2 * b * s * d * f
+    dec = (4 * 2 * b * t * d * d + 2 * 2 * b * t * t * d + 2 * 2 * b * t * d * d + 2 * 2 * b * s * d * d
+           + 2 * 2 * b * t * s * d + 2 * 2 * b * t * d * f)
+    return le * enc + ld * dec + 2 * b * t * d * v
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", default="small", choices=WORKLOADS)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(1234)
+    d, le, ld, h, f, v, b, s, t = WORKLOADS[a.workload]
+    c = dict(src_vocab=v, tgt_vocab=v, d_model=d, heads=h, d_ff=f, enc_layers=le, dec_layers=ld, pad_id=0,
+             pre_norm=False, share_embeddings=False, dropout=0.1)
+    model = Transformer(c)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    g = torch.Generator().manual_seed(42)
+    src = torch.randint(3, v, (b, s), generator=g)
+    tgt = torch.randint(3, v, (b, t + 1), generator=g)
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+
+    model.train()
+    train_ms = []
+    for i in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        logits = model(src, tgt_in)
+        loss = F.cross_entropy(logits.reshape(-1, v), tgt_out.reshape(-1), label_smoothing=0.1, ignore_index=0)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if i >= a.warmup:
+            train_ms.append((time.perf_counter() - t0) * 1000)
+    fwd_ms = []
+    with torch.no_grad():
+        for _ in range(max(3, a.steps // 2)):
+            t0 = time.perf_counter()
+            model(src, tgt_in)
+            fwd_ms.append((time.perf_counter() - t0) * 1000)
+        model.eval()
+        t0 = time.perf_counter()
+        memory, src_mask = model.encode(src)
+        ys = torch.ones(b, 1, dtype=torch.long)
+        for _ in range(t):
+            out = model.decode(ys, memory, src_mask)
+            nxt = model.generator(out[:, -1]).argmax(-1, keepdim=True)
+            ys = torch.cat([ys, nxt], dim=1)
+        decode_ms = (time.perf_counter() - t0) * 1000
+    x, w = torch.randn(b * t, d), torch.randn(d, f)
+    gemm = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        torch.matmul(x, w)
+        gemm.append((time.perf_counter() - t0) * 1000)
+
+    step = statistics.median(train_ms)
+    r = {
+        "impl": "torch", "workload": a.workload, "threads": a.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+        "train_ms_median": step, "train_ms_min": min(train_ms), "train_ms_max": max(train_ms),
+        "tgt_tokens_per_s": b * t / (step / 1000),
+        "train_gflops": 3 * forward_flops(d, le, ld, f, v, b, s, t) / (step * 1e6),
+        "forward_ms_median": statistics.median(fwd_ms),
+        "decode_tokens_per_s": b * t / (decode_ms / 1000),
+        "sgemm_gflops": 2 * b * t * d * f / (statistics.median(gemm) * 1e6),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+    if a.json:
+        print(json.dumps(r))
+    else:
+        for k, val in r.items():
+            print(f"{k:22s} {val}")
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,7 @@
 #include "autograd/node.h"
 #include "ops/factory.h"
 #include "ops/kernels.h"
+#include "ops/profile.h"
 
 namespace tapestry {
 
@@ -162,10 +163,21 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
     if (node->leaf) {  // AccumulateGrad
       TensorImpl& leaf = *node->leaf;
       Tensor gl = kernels::to_dtype(g, leaf.dtype);
+      g = Tensor();  // drop this handle so that gl may be the only one left
       if (!leaf.grad) {
-        Tensor copy = empty(gl.sizes(), gl.dtype());
-        kernels::copy_(copy, gl);  // own storage: never alias a gradient another node may hold
-        leaf.grad = copy.impl_ptr();
+        // Steal a gradient nothing else can see (contiguous, covering its own storage, held only
+        // here): saves a copy of every parameter's gradient per step. Otherwise copy it, so the
+        // leaf's .grad never aliases a tensor another node may hold.
+        const auto& st = gl.impl().storage;
+        bool sole = gl.is_contiguous() && gl.offset() == 0 && gl.impl_ptr().use_count() == 1 &&
+                    st.use_count() == 1 && st->nbytes == static_cast<size_t>(gl.numel()) * dtype_size(gl.dtype());
+        if (sole) {
+          leaf.grad = gl.impl_ptr();
+        } else {
+          Tensor copy = empty(gl.sizes(), gl.dtype());
+          kernels::copy_(copy, gl);
+          leaf.grad = copy.impl_ptr();
+        }
       } else {
         Tensor acc(leaf.grad);
         kernels::binary_("AccumulateGrad", kernels::Binary::Add, acc, gl);
@@ -176,7 +188,11 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
              "backward: trying to backward through the graph a second time (through {}); its saved tensors were "
              "freed by the first backward. Pass retain_graph=true to the first backward() if you need a second.",
              node->name);
-    TensorList grads = node->backward(g);
+    TensorList grads;
+    {
+      TP_PROFILE(node->name.c_str());
+      grads = node->backward(g);
+    }
     TP_CHECK(grads.size() == node->next.size(), "backward: {} returned {} gradients for {} inputs", node->name,
              grads.size(), node->next.size());
     if (!retain_graph) {

@@ -165,7 +165,7 @@ Tensor relu(const Tensor& a) {
   SavedTensor y(out, "ReluBackward");
   return record("ReluBackward", out, {a}, [y](const Tensor& g) {
     Tensor yv = y.get();
-    return TensorList{where(gt(yv, 0.0), g, zero_like_scalar(g))};
+    return TensorList{kernels::binary("relu_backward", Binary::ReluBackward, g, yv)};
   });
 }
 

@@ -93,11 +93,11 @@ Tensor dropout(const Tensor& a, double p, bool training, Generator* gen) {
   TP_CHECK(p >= 0 && p <= 1, "dropout: probability must be in [0, 1], got {}", p);
   if (!training || p == 0) return a;
   if (p == 1) return mul(a, 0.0);
-  // mask = keep / (1 - p): drawn from the generator, so a seed reproduces it.
-  Tensor keep = lt(rand(a.sizes(), a.dtype(), gen), 1.0 - p);
-  Tensor mask = kernels::binary("dropout", kernels::Binary::Mul, kernels::to_dtype(keep, a.dtype()),
-                                scalar_tensor(1.0 / (1.0 - p), a.dtype()));
-  return mul(a, mask);
+  // One draw from the generator seeds the whole mask; backward regenerates the same mask from
+  // the seed instead of keeping it.
+  const uint64_t seed = (gen ? *gen : default_generator()).engine()();
+  return record("DropoutBackward", kernels::dropout(a, p, seed), {a},
+                [p, seed](const Tensor& g) { return TensorList{kernels::dropout(g, p, seed)}; });
 }
 
 }  // namespace tapestry

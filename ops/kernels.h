@@ -12,7 +12,8 @@
 
 namespace tapestry::kernels {
 
-enum class Binary { Add, Sub, Mul, Div, Pow, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge };
+// ReluBackward: a where b > 0, else 0 (the gradient a of relu given its output b).
+enum class Binary { Add, Sub, Mul, Div, Pow, Maximum, Minimum, ReluBackward, Eq, Ne, Lt, Le, Gt, Ge };
 enum class Unary { Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu, GeluGrad, Sigmoid, Abs, Sign, PowScalar, Clamp };
 enum class Reduce { Sum, Max, Min };
 
@@ -69,6 +70,11 @@ CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& target, double
 // d loss_sum * scale / d logits = (softmax(logits) - q) * scale on counted rows, 0 elsewhere.
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, double smoothing,
                               int64_t ignore_index, double scale);
+
+// x * mask / (1 - p), the mask drawn per element from a counter-based hash of (seed, index):
+// the same seed gives the same mask (so backward recomputes it instead of storing it), and
+// the result does not depend on the thread count.
+Tensor dropout(const Tensor& x, double p, uint64_t seed);
 
 void uniform_(const Tensor& dst, double lo, double hi, std::mt19937_64& engine);
 void normal_(const Tensor& dst, double mean, double std, std::mt19937_64& engine);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <malloc.h>
 #include <sstream>
 
 #include "ops/kernels.h"
@@ -12,7 +13,20 @@ namespace tapestry {
 
 constexpr int64_t kMaxDims = 16;  // the loop machinery keeps multi-indices on the stack
 
+namespace {
+// Note [Allocator]: tensors of a training step are freed and allocated again, same sizes, every
+// step. glibc serves large blocks with mmap and returns them with munmap, so every step would
+// fault in (and the kernel zero) fresh pages. Keeping large blocks in the heap instead lets
+// freed blocks be reused: a cache of recently freed memory, without an allocator of our own.
+const bool heap_tuned = [] {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);   // blocks up to 1 GiB come from the heap
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);   // and freed memory is not handed back eagerly
+  return true;
+}();
+}  // namespace
+
 Storage::Storage(size_t nbytes_, Device device_) : nbytes(nbytes_), device(device_) {
+  (void)heap_tuned;
   TP_CHECK(device == Device::CPU, "Storage: device {} is not built in: this build has only the cpu backend",
            device_name(device));
   // 64-byte alignment for SIMD; aligned_alloc needs a size that is a multiple of the alignment.

@@ -5,6 +5,7 @@
 
 #include "nn/safetensors.h"
 #include "ops/cpu/loops.h"
+#include "ops/profile.h"
 
 namespace tapestry::optim {
 
@@ -109,6 +110,7 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions o) : Optimizer(std::move(para
 AdamW::AdamW(std::vector<Tensor> params, AdamOptions o) : Adam(std::move(params), o) { decoupled_ = true; }
 
 void Adam::step() {
+  TP_PROFILE("Adam.step");
   NoGradGuard no_grad;
   ++steps_;
   const double b1 = options.beta1, b2 = options.beta2, wd = options.weight_decay;

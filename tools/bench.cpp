@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "models/transformer.h"
+#include "ops/profile.h"
 #include "optim/optimizer.h"
 
 namespace tapestry::tools {
@@ -92,6 +93,30 @@ int run_bench(const BenchOptions& o) {
     adam.zero_grad();
     double t1 = now_ms();
     if (s >= o.warmup) train_ms.push_back(t1 - t0);
+  }
+  if (o.profile) {  // per-op times over `steps` more train steps
+    profile::reset();
+    profile::set_enabled(true);
+    double t0 = now_ms();
+    for (int s = 0; s < o.steps; ++s) {
+      Tensor loss = model.loss(src, tgt_in, tgt_out, 0.1);
+      loss.backward();
+      adam.step();
+      adam.zero_grad();
+    }
+    double total = (now_ms() - t0) / o.steps;
+    profile::set_enabled(false);
+    std::printf("profile: %.1f ms per train step; forward kernels by op, backward by node (outermost scope):\n",
+                total);
+    double seen = 0;
+    for (auto& [name, e] : profile::report()) {
+      double per = e.ms / o.steps;
+      seen += per;
+      if (per >= 0.05 * total / 100)
+        std::printf("  %-26s %9.2f ms %6.1f%% %8lld calls\n", name.c_str(), per, 100 * per / total,
+                    (long long)(e.calls / o.steps));
+    }
+    std::printf("  %-26s %9.2f ms %6.1f%%\n", "(engine, allocation, rest)", total - seen, 100 * (total - seen) / total);
   }
   std::vector<double> fwd_ms;
   for (int s = 0; s < std::max(3, o.steps / 2); ++s) {

@@ -5,6 +5,7 @@
 #include "ops/cpu/loops.h"
 #include "ops/factory.h"
 #include "ops/kernels.h"
+#include "ops/profile.h"
 
 namespace tapestry::kernels {
 
@@ -64,6 +65,8 @@ void binary_typed(Binary kind, const Tensor& out, const Tensor& a, const Tensor&
       return binary_loop<T, T>(out, a, b, [](T x, T y) { return (cpu::is_nan(x) || x > y) ? x : y; });
     case Binary::Minimum:
       return binary_loop<T, T>(out, a, b, [](T x, T y) { return (cpu::is_nan(x) || x < y) ? x : y; });
+    case Binary::ReluBackward:
+      return binary_loop<T, T>(out, a, b, [](T g, T y) { return y > T(0) ? g : T(0); });
     case Binary::Eq: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x == y; });
     case Binary::Ne: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x != y; });
     case Binary::Lt: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x < y; });
@@ -111,6 +114,7 @@ void run_binary(Binary kind, const Tensor& out, const Tensor& a, const Tensor& b
 bool is_comparison(Binary kind) { return kind >= Binary::Eq; }
 
 Tensor binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
+  TP_PROFILE(op);
   check_binary(op, kind, a, b);
   Shape shape = broadcast_shapes(op, a.sizes(), b.sizes());
   Tensor out = empty(shape, is_comparison(kind) ? DType::Bool : a.dtype());
@@ -119,6 +123,7 @@ Tensor binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
 }
 
 void binary_(const char* op, Binary kind, Tensor& a, const Tensor& b) {
+  TP_PROFILE(op);
   check_binary(op, kind, a, b);
   TP_CHECK(!is_comparison(kind), "{}: comparisons have no in-place form", op);
   check_writable(op, a);
@@ -203,6 +208,7 @@ bool needs_floating(Unary kind) {
 }  // namespace
 
 Tensor unary(const char* op, Unary kind, const Tensor& a, double p0, double p1) {
+  TP_PROFILE(op);
   check_device(op, a);
   if (kind == Unary::Clamp) TP_CHECK(p0 <= p1, "{}: min {} is greater than max {}", op, p0, p1);
   Tensor out = empty(a.sizes(), a.dtype());
@@ -216,6 +222,7 @@ Tensor unary(const char* op, Unary kind, const Tensor& a, double p0, double p1) 
 }
 
 Tensor where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  TP_PROFILE(op);
   check_device(op, cond);
   TP_CHECK(cond.dtype() == DType::Bool, "{}: condition must be a bool mask, got {} {}", op, cond.dtype(),
            cond.sizes());
@@ -242,6 +249,7 @@ Tensor where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& 
 }
 
 void copy_(const Tensor& dst, const Tensor& src) {
+  TP_PROFILE("copy_");
   check_device("copy_", dst);
   check_device("copy_", src);
   Shape shape = broadcast_shapes("copy_", dst.sizes(), src.sizes());
@@ -270,6 +278,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
 }
 
 void fill_(const Tensor& dst, double value) {
+  TP_PROFILE("fill_");
   check_device("fill_", dst);
   dispatch(dst.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -313,13 +322,58 @@ void random_fill(const char* op, const Tensor& dst, Draw draw) {
 }
 }  // namespace
 
+namespace {
+// A 32-bit integer hash (lowbias32, by Chris Wellons) of (seed, counter): 32-bit multiplies
+// vectorize on every x86, 64-bit ones do not.
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+// A plain function (not a lambda) so that GCC vectorizes it: element start + k keeps when the
+// top 24 bits of its hash reach the threshold.
+template <class T>
+void dropout_run(const T* x, T* out, int64_t n, uint32_t start, uint32_t key, uint32_t threshold, T scale) {
+#pragma omp simd
+  for (int64_t k = 0; k < n; ++k) {
+    uint32_t h = mix32((start + static_cast<uint32_t>(k)) * 0x9e3779b9U ^ key);
+    out[k] = x[k] * ((h >> 8) >= threshold ? scale : T(0));
+  }
+}
+}  // namespace
+
+Tensor dropout(const Tensor& x_in, double p, uint64_t seed) {
+  TP_PROFILE("dropout");
+  check_device("dropout", x_in);
+  Tensor x = contiguous(x_in);
+  Tensor out = empty(x.sizes(), x.dtype());
+  // keep when the top 24 bits of the hash are >= p * 2^24
+  const uint32_t threshold = static_cast<uint32_t>(p * 16777216.0 + 0.5);
+  dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* px = x.data_ptr<T>();
+    T* po = out.data_ptr<T>();
+    const T scale = static_cast<T>(1.0 / (1.0 - p));
+    const uint32_t key = mix32(static_cast<uint32_t>(seed) ^ mix32(static_cast<uint32_t>(seed >> 32) + 0x9e3779b9U));
+    cpu::parallel_for(0, x.numel(), cpu::kGrainSize, [&](int64_t b, int64_t e) {
+      dropout_run(px + b, po + b, e - b, static_cast<uint32_t>(b), key, threshold, scale);
+    });
+  });
+  return out;
+}
+
 void uniform_(const Tensor& dst, double lo, double hi, std::mt19937_64& engine) {
+  TP_PROFILE("uniform_");
   dispatch_floating(dst.dtype(), "uniform_", [](auto) {});
   std::uniform_real_distribution<double> dist(lo, hi);
   random_fill("uniform_", dst, [&] { return dist(engine); });
 }
 
 void normal_(const Tensor& dst, double mean, double std, std::mt19937_64& engine) {
+  TP_PROFILE("normal_");
   dispatch_floating(dst.dtype(), "normal_", [](auto) {});
   TP_CHECK(std >= 0, "normal_: std must be non-negative, got {}", std);
   std::normal_distribution<double> dist(mean, std);

@@ -4,6 +4,7 @@
 #include "ops/cpu/loops.h"
 #include "ops/factory.h"
 #include "ops/kernels.h"
+#include "ops/profile.h"
 
 namespace tapestry::kernels {
 
@@ -32,6 +33,7 @@ Split3 split3(const Shape& s, int64_t dim) {
 }  // namespace
 
 Tensor index_select(const char* op, const Tensor& a_in, int64_t dim, const Tensor& index_in) {
+  TP_PROFILE(op);
   check_device(op, a_in);
   dim = wrap_dim(op, dim, a_in.dim());
   TP_CHECK(index_in.dim() <= 1, "{}: index must be 0-D or 1-D, got shape {}", op, index_in.sizes());
@@ -59,6 +61,7 @@ Tensor index_select(const char* op, const Tensor& a_in, int64_t dim, const Tenso
 }
 
 Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index_in, const Tensor& src_in) {
+  TP_PROFILE("index_add");
   Tensor index = contiguous(index_in), src = contiguous(src_in);
   Tensor out = zeros(shape, src.dtype());
   Split3 s = split3(shape, dim);
@@ -98,6 +101,7 @@ void check_gather_shapes(const char* op, const Shape& a, int64_t dim, const Tens
 }  // namespace
 
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
+  TP_PROFILE("gather");
   check_device("gather", a);
   dim = wrap_dim("gather", dim, a.dim());
   check_gather_shapes("gather", a.sizes(), dim, index);
@@ -121,6 +125,7 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
 }
 
 Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
+  TP_PROFILE("scatter_add");
   dim = wrap_dim("scatter_add", dim, static_cast<int64_t>(shape.size()));
   check_gather_shapes("scatter_add", shape, dim, index);
   check_index("scatter_add", index, shape.empty() ? 1 : shape[dim], dim, shape);
@@ -148,6 +153,7 @@ Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const T
 }
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  TP_PROFILE("cat");
   TP_CHECK(!tensors.empty(), "cat: expected a non-empty list of tensors");
   const Tensor& first = tensors[0];
   TP_CHECK(first.dim() > 0, "cat: zero-dimensional tensors cannot be concatenated (use stack)");

@@ -5,6 +5,7 @@
 #include "ops/cpu/loops.h"
 #include "ops/factory.h"
 #include "ops/kernels.h"
+#include "ops/profile.h"
 
 namespace tapestry::kernels {
 
@@ -37,6 +38,7 @@ void check_inputs(const Tensor& logits, const Tensor& target, double eps, int64_
 }  // namespace
 
 CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, double eps, int64_t ignore_index) {
+  TP_PROFILE("cross_entropy");
   check_inputs(logits_in, target_in, eps, ignore_index);
   Tensor logits = contiguous(logits_in), target = contiguous(target_in);
   const int64_t N = logits.size(0), V = logits.size(1);
@@ -52,10 +54,12 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
       for (int64_t r = b; r < e; ++r) {
         const T* x = px + r * V;
         T mx = x[0];
+#pragma omp simd reduction(max : mx)
         for (int64_t j = 1; j < V; ++j) mx = std::max(mx, x[j]);
         double se = 0, sum_x = 0;
+#pragma omp simd reduction(+ : se, sum_x)
         for (int64_t j = 0; j < V; ++j) {
-          se += std::exp(static_cast<double>(x[j] - mx));
+          se += cpu::vexp(x[j] - mx);
           sum_x += x[j];
         }
         double lse = mx + std::log(se);
@@ -80,6 +84,7 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
 
 Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, const Tensor& lse, double eps,
                               int64_t ignore_index, double scale) {
+  TP_PROFILE("cross_entropy_backward");
   Tensor logits = contiguous(logits_in), target = contiguous(target_in);
   const int64_t N = logits.size(0), V = logits.size(1);
   Smoothing q = smoothing_for(eps, V, ignore_index);
@@ -100,7 +105,8 @@ Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, 
         }
         const T* x = px + r * V;
         const T l = plse[r];
-        for (int64_t j = 0; j < V; ++j) g[j] = (std::exp(x[j] - l) - q_other) * s;
+#pragma omp simd
+        for (int64_t j = 0; j < V; ++j) g[j] = (cpu::vexp(x[j] - l) - q_other) * s;
         g[pt[r]] -= static_cast<T>(q.gold - q.other) * s;
         if (q.skip >= 0) g[q.skip] += q_other * s;
       }

@@ -6,6 +6,7 @@
 #include "ops/cpu/loops.h"
 #include "ops/factory.h"
 #include "ops/kernels.h"
+#include "ops/profile.h"
 
 namespace tapestry::kernels {
 
@@ -38,6 +39,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  TP_PROFILE("matmul");
   check_device("matmul", a_in);
   check_device("matmul", b_in);
   TP_CHECK(a_in.dim() >= 2 && b_in.dim() >= 2, "matmul: kernel needs operands of at least 2 dims, got {} and {}",

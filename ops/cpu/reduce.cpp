@@ -12,6 +12,7 @@
 #include "ops/cpu/loops.h"
 #include "ops/factory.h"
 #include "ops/kernels.h"
+#include "ops/profile.h"
 
 namespace tapestry::kernels {
 
@@ -71,6 +72,7 @@ std::vector<bool> dims_mask(const char* op, const std::vector<int64_t>& dims, in
 }  // namespace
 
 Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  TP_PROFILE(op);
   check_device(op, a);
   const int64_t nd = a.dim();
   std::vector<bool> mask = dims_mask(op, dims, nd);
@@ -94,6 +96,39 @@ Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<in
   DType out_dtype = (kind == Reduce::Sum && !is_floating(a.dtype())) ? DType::Int64 : a.dtype();
   Tensor out = empty(out_shape, out_dtype);
   if (n_out == 0) return out;
+
+  // Fast path: summing the leading dims of a contiguous tensor ([rows, cols] -> [cols], as bias
+  // gradients do) reads rows in order and adds them into per-block column sums; blocks of
+  // kRowBlock rows are combined in order, so the cut depends on the shape only.
+  bool leading = kind == Reduce::Sum && is_floating(a.dtype()) && a.is_contiguous() && n_red > 1;
+  for (int64_t d = 0; d < nd && leading; ++d) leading = mask[d] == (d < static_cast<int64_t>(red.shape.size()));
+  if (leading) {
+    constexpr int64_t kRowBlock = 64;
+    const int64_t rows = n_red, cols = n_out, n_blocks = (rows + kRowBlock - 1) / kRowBlock;
+    const int64_t col_chunk = 1024, n_chunks = (cols + col_chunk - 1) / col_chunk;
+    std::vector<double> partial(static_cast<size_t>(n_blocks * cols), 0.0);
+    dispatch_floating(a.dtype(), op, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* pa = a.data_ptr<T>();
+      parallel_for(0, n_blocks * n_chunks, 1, [&](int64_t b, int64_t e) {
+        for (int64_t w = b; w < e; ++w) {
+          int64_t blk = w / n_chunks, c0 = (w % n_chunks) * col_chunk, c1 = std::min(cols, c0 + col_chunk);
+          double* acc = &partial[static_cast<size_t>(blk * cols)];
+          for (int64_t r = blk * kRowBlock; r < std::min(rows, (blk + 1) * kRowBlock); ++r) {
+            const T* row = pa + r * cols;
+            for (int64_t c = c0; c < c1; ++c) acc[c] += row[c];
+          }
+        }
+      });
+      T* po = out.data_ptr<T>();
+      for (int64_t c = 0; c < cols; ++c) {
+        double s = 0;
+        for (int64_t blk = 0; blk < n_blocks; ++blk) s += partial[static_cast<size_t>(blk * cols + c)];
+        po[c] = static_cast<T>(s);
+      }
+    });
+    return out;
+  }
 
   dispatch(a.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -147,6 +182,7 @@ Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<in
 }
 
 std::pair<Tensor, Tensor> reduce_with_index(const char* op, Reduce kind, const Tensor& a, int64_t dim, bool keepdim) {
+  TP_PROFILE(op);
   check_device(op, a);
   const int64_t nd = a.dim();
   dim = wrap_dim(op, dim, nd);
@@ -206,6 +242,7 @@ RowView row_view(const Tensor& a, int64_t dim) {
 }  // namespace
 
 Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {
+  TP_PROFILE(log ? "log_softmax" : "softmax");
   const char* op = log ? "log_softmax" : "softmax";
   check_device(op, a_in);
   dim = wrap_dim(op, dim, a_in.dim());
@@ -223,17 +260,28 @@ Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {
                      const T* x = pa + base;
                      T* y = po + base;
                      const int64_t s = rv.inner;
+                     const int64_t n = rv.n;
                      T mx = -std::numeric_limits<T>::infinity();
-                     for (int64_t i = 0; i < rv.n; ++i) mx = std::max(mx, x[i * s]);
+                     for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i * s]);
                      // A row masked entirely to -inf has no max to subtract: softmax gives NaN, as in PyTorch.
                      double sum = 0;
-                     for (int64_t i = 0; i < rv.n; ++i) sum += std::exp(static_cast<double>(x[i * s] - mx));
+                     if (s == 1) {  // the common case, vectorized
+#pragma omp simd reduction(+ : sum)
+                       for (int64_t i = 0; i < n; ++i) sum += cpu::vexp(x[i] - mx);
+                     } else {
+                       for (int64_t i = 0; i < n; ++i) sum += cpu::vexp(x[i * s] - mx);
+                     }
                      if (log) {
                        T lse = mx + static_cast<T>(std::log(sum));
-                       for (int64_t i = 0; i < rv.n; ++i) y[i * s] = x[i * s] - lse;
+                       for (int64_t i = 0; i < n; ++i) y[i * s] = x[i * s] - lse;
                      } else {
                        T inv = static_cast<T>(1.0 / sum);
-                       for (int64_t i = 0; i < rv.n; ++i) y[i * s] = std::exp(x[i * s] - mx) * inv;
+                       if (s == 1) {
+#pragma omp simd
+                         for (int64_t i = 0; i < n; ++i) y[i] = cpu::vexp(x[i] - mx) * inv;
+                       } else {
+                         for (int64_t i = 0; i < n; ++i) y[i * s] = cpu::vexp(x[i * s] - mx) * inv;
+                       }
                      }
                    }
                  });
@@ -242,6 +290,7 @@ Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {
 }
 
 Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bool log) {
+  TP_PROFILE(log ? "log_softmax_backward" : "softmax_backward");
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
   dim = wrap_dim(op, dim, y_in.dim());
   Tensor y = contiguous(y_in), dy = contiguous(dy_in);
@@ -262,7 +311,7 @@ Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bo
                        for (int64_t i = 0; i < rv.n; ++i) dot += pg[base + i * s];
                        // d log_softmax: dx = dy - softmax * sum(dy)
                        for (int64_t i = 0; i < rv.n; ++i)
-                         pd[base + i * s] = pg[base + i * s] - std::exp(py[base + i * s]) * static_cast<T>(dot);
+                         pd[base + i * s] = pg[base + i * s] - cpu::vexp(py[base + i * s]) * static_cast<T>(dot);
                      } else {
                        for (int64_t i = 0; i < rv.n; ++i) dot += static_cast<double>(pg[base + i * s]) * py[base + i * s];
                        // d softmax: dx = y * (dy - sum(dy * y))
@@ -277,6 +326,7 @@ Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bo
 
 // ---- layer norm over the last norm_dims dims, rows = everything before
 LayerNormOut layer_norm(const Tensor& x_in, int64_t norm_dims, const Tensor& weight, const Tensor& bias, double eps) {
+  TP_PROFILE("layer_norm");
   check_device("layer_norm", x_in);
   Tensor x = contiguous(x_in);
   int64_t n = 1;
@@ -319,6 +369,7 @@ LayerNormOut layer_norm(const Tensor& x_in, int64_t norm_dims, const Tensor& wei
 
 LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& mean, const Tensor& rstd,
                                    int64_t norm_dims, const Tensor& weight, bool need_weight_grads) {
+  TP_PROFILE("layer_norm_backward");
   Tensor x = contiguous(x_in), dy = contiguous(dy_in);
   int64_t n = 1;
   for (int64_t d = x.dim() - norm_dims; d < x.dim(); ++d) n *= x.size(d);

@@ -63,6 +63,17 @@ double peak_rss_mib() {
 }  // namespace
 
 int run_bench(const BenchOptions& o) {
+  if (o.peak) {
+    int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
+    const char* isa = "";
+    double g1 = peak_gflops(1, &isa), gn = peak_gflops(threads, &isa);
+    if (o.json)
+      std::printf("{\"impl\": \"tapestry\", \"peak_gflops_1_thread\": %.1f, \"peak_gflops\": %.1f, \"threads\": %d, "
+                  "\"isa\": \"%s\"}\n", g1, gn, threads, isa);
+    else
+      std::printf("fp32 FMA peak (%s): %.1f GFLOP/s on 1 thread, %.1f GFLOP/s on %d threads\n", isa, g1, gn, threads);
+    return 0;
+  }
   auto it = workloads().find(o.workload);
   TP_CHECK(it != workloads().end(), "bench: unknown workload '{}' (expected copy, small or base)", o.workload);
   const Workload w = it->second;

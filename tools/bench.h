@@ -10,9 +10,12 @@ struct BenchOptions {
   int steps = 10;      // timed train steps (after warm-up)
   int warmup = 3;
   bool json = false;
-  bool profile = false;  // per-op times of one train step
+  bool profile = false;  // per-op times of the train step
+  bool peak = false;     // only measure the FMA peak
 };
 
 int run_bench(const BenchOptions& options);
+// The measured FMA peak (tools/peak.cpp).
+double peak_gflops(int threads, const char** isa);
 
 }  // namespace tapestry::tools

@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   bench->add_option("--warmup", bo.warmup, "untimed steps first")->capture_default_str();
   bench->add_flag("--json", bo.json, "one JSON object on one line");
   bench->add_flag("--profile", bo.profile, "also print per-op times of the train step");
+  bench->add_flag("--peak", bo.peak, "measure the machine's fp32 FMA peak instead");
 
   try {
     app.parse(argc, argv);

@@ -80,6 +80,9 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 
 // ---- linear algebra (ops_matmul.cpp): 1-D, 2-D and batched with broadcast batch dims, as torch.matmul
 Tensor matmul(const Tensor& a, const Tensor& b);
+// y = x W^T + b, as torch.nn.functional.linear: x [..., in], weight [out, in], bias [out] or
+// undefined. One gemm forward; backward computes dW = g^T x straight into W's layout.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- views and copies (ops_view.cpp)
 Tensor view(const Tensor& a, const Shape& shape);     // -1 infers one dim; throws if no view exists

@@ -28,4 +28,42 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   });
 }
 
+namespace {
+// A raw header over t's storage (no autograd): the kernels below work on these.
+Tensor raw_view(const Tensor& t, Shape shape, Shape strides) {
+  return make_tensor(t.impl().storage, std::move(shape), std::move(strides), t.offset(), t.dtype());
+}
+Tensor rows_of(const Tensor& t, int64_t cols) {  // [..., cols] -> [N, cols], contiguous
+  Tensor c = kernels::contiguous(t);
+  return raw_view(c, {c.numel() / std::max<int64_t>(cols, 1), cols}, {cols, 1});
+}
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  TP_CHECK(w.dim() == 2, "linear: weight must be [out, in], got shape {}", w.sizes());
+  const int64_t out_f = w.size(0), in_f = w.size(1);
+  TP_CHECK(x.dim() >= 1 && x.size(-1) == in_f, "linear: input of shape {} does not end in in_features={} (weight {})",
+           x.sizes(), in_f, w.sizes());
+  if (b.defined()) TP_CHECK(b.sizes() == Shape{out_f}, "linear: bias {} must be [{}]", b.sizes(), out_f);
+  Tensor x2 = rows_of(x, in_f);                                   // (N, in)
+  Tensor wt = raw_view(w, {in_f, out_f}, {w.stride(1), w.stride(0)});  // (in, out), read transposed
+  Tensor y = kernels::matmul(x2, wt);                            // (N, out), fresh
+  if (b.defined()) kernels::binary_("linear", kernels::Binary::Add, y, b);
+  Shape out_shape = x.sizes();
+  out_shape.back() = out_f;
+  y = raw_view(y, out_shape, contiguous_strides(out_shape));
+  if (!any_requires_grad({x, w, b})) return y;
+  bool need_x = x.requires_grad(), need_w = w.requires_grad(), need_b = b.defined() && b.requires_grad();
+  SavedTensor sx(need_w ? x2 : Tensor(), "LinearBackward"), sw(need_x ? w : Tensor(), "LinearBackward");
+  Shape x_shape = x.sizes();
+  return record("LinearBackward", y, {x, w, b}, [=](const Tensor& g) {
+    Tensor g2 = rows_of(g, out_f);  // (N, out)
+    TensorList grads(3);
+    if (need_x) grads[0] = raw_view(kernels::matmul(g2, sw.get()), x_shape, contiguous_strides(x_shape));
+    if (need_w) grads[1] = kernels::matmul(raw_view(g2, {out_f, g2.size(0)}, {1, out_f}), sx.get());  // g^T x
+    if (need_b) grads[2] = kernels::reduce("linear_backward", kernels::Reduce::Sum, g2, {0}, false);
+    return grads;
+  });
+}
+
 }  // namespace tapestry

@@ -15,12 +15,7 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias) {
 Tensor Linear::forward(const Tensor& x) const {
   TP_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "Linear: input of shape {} does not end in in_features={}",
            x.sizes(), weight.size(1));
-  // One gemm over all leading dims: (N, in) @ (in, out), the weight read transposed in place.
-  Shape out_shape = x.sizes();
-  out_shape.back() = weight.size(0);
-  Tensor y = matmul(x.reshape({-1, weight.size(1)}), weight.t());
-  if (bias.defined()) y = y + bias;
-  return y.reshape(out_shape);
+  return linear(x, weight, bias);
 }
 
 Embedding::Embedding(int64_t num, int64_t dim, int64_t padding_idx_) : padding_idx(padding_idx_) {

@@ -147,6 +147,9 @@ TEST_CASE("gradcheck: matmul") {
       {"matmul vector-matrix", {{4}, {4, 5}}, [](auto& x) { return matmul(A(x), B(x)); }},
       {"matmul matrix-vector", {{3, 4}, {4}}, [](auto& x) { return matmul(A(x), B(x)); }},
       {"matmul dot", {{4}, {4}}, [](auto& x) { return matmul(A(x), B(x)); }},
+      {"linear", {{2, 3, 4}, {5, 4}, {5}}, [](auto& x) { return linear(x[0], x[1], x[2]); }},
+      {"linear no bias", {{3, 4}, {5, 4}}, [](auto& x) { return linear(A(x), B(x)); }},
+      {"linear 1-D input", {{4}, {5, 4}, {5}}, [](auto& x) { return linear(x[0], x[1], x[2]); }},
   });
 }
 

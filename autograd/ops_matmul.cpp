@@ -40,7 +40,7 @@ Tensor rows_of(const Tensor& t, int64_t cols) {  // [..., cols] -> [N, cols], co
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  TP_CHECK(w.dim() == 2, "linear: weight must be [out, in], got shape {}", w.sizes());
+  TP_CHECK(w.dim() == 2 && w.numel() > 0, "linear: weight must be a non-empty [out, in], got shape {}", w.sizes());
   const int64_t out_f = w.size(0), in_f = w.size(1);
   TP_CHECK(x.dim() >= 1 && x.size(-1) == in_f, "linear: input of shape {} does not end in in_features={} (weight {})",
            x.sizes(), in_f, w.sizes());

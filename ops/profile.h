@@ -2,6 +2,7 @@
 // TP_PROFILE(name) scope; when profiling is on, the outermost scope on the thread adds its wall
 // time under its name (nested kernels count toward their caller). Off, a scope costs one branch.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>

@@ -2,7 +2,7 @@
 // from a seed; the figures are: the train step (forward + label-smoothed loss + backward + Adam
 // step) as the median over `steps` after `warmup`, target tokens/s and achieved GFLOP/s;
 // forward-only time; greedy decoding tokens/s with the KV cache; sgemm GFLOP/s of our matmul on
-// the workload's largest shape; and peak RSS. tools/reference/bench_torch.py measures the same.
+// the workload's feed-forward shape (B*T x D) @ (D x d_ff); and peak RSS. tools/reference/bench_torch.py measures the same.
 #include "tools/bench.h"
 
 #include <sys/resource.h>
@@ -117,17 +117,19 @@ int run_bench(const BenchOptions& o) {
     }
     double total = (now_ms() - t0) / o.steps;
     profile::set_enabled(false);
-    std::printf("profile: %.1f ms per train step; forward kernels by op, backward by node (outermost scope):\n",
-                total);
+    FILE* to = o.json ? stderr : stdout;  // --json keeps stdout to one JSON line
+    std::fprintf(to, "profile: %.1f ms per train step; forward kernels by op, backward by node (outermost scope):\n",
+                 total);
     double seen = 0;
     for (auto& [name, e] : profile::report()) {
       double per = e.ms / o.steps;
       seen += per;
       if (per >= 0.05 * total / 100)
-        std::printf("  %-26s %9.2f ms %6.1f%% %8lld calls\n", name.c_str(), per, 100 * per / total,
-                    (long long)(e.calls / o.steps));
+        std::fprintf(to, "  %-26s %9.2f ms %6.1f%% %8lld calls\n", name.c_str(), per, 100 * per / total,
+                     (long long)(e.calls / o.steps));
     }
-    std::printf("  %-26s %9.2f ms %6.1f%%\n", "(engine, allocation, rest)", total - seen, 100 * (total - seen) / total);
+    std::fprintf(to, "  %-26s %9.2f ms %6.1f%%\n", "(engine, allocation, rest)", total - seen,
+                 100 * (total - seen) / total);
   }
   std::vector<double> fwd_ms;
   for (int s = 0; s < std::max(3, o.steps / 2); ++s) {

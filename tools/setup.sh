@@ -9,6 +9,7 @@ packages=(
   libfmt-dev doctest-dev
   nlohmann-json3-dev       # safetensors headers
   libcli11-dev             # the command line
+  zlib1g-dev               # reading .gz corpora
 )
 
 missing=()

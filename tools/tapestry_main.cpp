@@ -1,9 +1,13 @@
-// The tapestry command line (CLI11). Subcommands arrive with the issues that build them:
-// today `train --task copy`. Bad flags print one clear line and exit non-zero.
+// The tapestry command line (CLI11): `train --task copy`, `bench`, `bleu`. Bad flags print one
+// clear line and exit non-zero.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include <iostream>
+
+#include "models/bleu.h"
 #include "models/copy_task.h"
+#include "models/text.h"
 #include "tools/bench.h"
 #include "tapestry.h"
 
@@ -73,10 +77,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench->add_option("--threads", bo.threads, "threads (default: all cores)")->check(kPositive);
   bench->add_option("--steps", bo.steps, "timed train steps")->check(kPositive)->capture_default_str();
-  bench->add_option("--warmup", bo.warmup, "untimed steps first")->capture_default_str();
+  bench->add_option("--warmup", bo.warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
   bench->add_flag("--json", bo.json, "one JSON object on one line");
   bench->add_flag("--profile", bo.profile, "also print per-op times of the train step");
   bench->add_flag("--peak", bo.peak, "measure the machine's fp32 FMA peak instead");
+
+  auto* bleu = app.add_subcommand("bleu", "corpus BLEU of hypotheses against references, as sacreBLEU's default");
+  std::string ref_path, hyp_path;
+  bleu->add_option("--ref", ref_path, "reference file (plain or .gz), one sentence per line")->required();
+  bleu->add_option("--hyp", hyp_path, "hypothesis file (default: standard input)");
 
   try {
     app.parse(argc, argv);
@@ -88,6 +97,13 @@ int main(int argc, char** argv) {
     copy.pre_norm = !post_norm;
     if (*train) return run_copy(copy);
     if (*bench) return tools::run_bench(bo);
+    if (*bleu) {
+      auto refs = models::read_lines(ref_path);
+      auto hyps = hyp_path.empty() ? models::read_lines(std::cin, "<stdin>") : models::read_lines(hyp_path);
+      auto score = models::corpus_bleu(hyps, refs);
+      std::printf("%s\n%s\n", score.format().c_str(), models::BleuScore::signature().c_str());
+      return 0;
+    }
     std::printf("%s", app.help().c_str());
     return 0;
   } catch (const Error& e) {

@@ -22,4 +22,4 @@ cmake --build "$build_dir" -j "$jobs"
 cd "$build_dir"
 # One test at a time: each uses every core through OpenMP and OpenBLAS, and two at once on two
 # cores oversubscribe them (spinning OpenMP threads made the copy-task tests 20x slower).
-ctest --output-on-failure ${CTEST_ARGS:-}
+ctest --output-on-failure -j1 ${CTEST_ARGS:-}

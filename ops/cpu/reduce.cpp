@@ -5,6 +5,8 @@
 // kReduceBlock elements; blocks are summed in order within, and block partials are combined in
 // order. The cut depends on the shape only, never on the thread count, so every reduction gives
 // bit-identical results whatever set_num_threads() says. Float32 sums accumulate in double.
+// (Summing the leading dims of a contiguous tensor, a whole-tensor sum included, takes a fast
+// path cut into 64-row blocks instead: also a function of the shape only.)
 // (Matmul is OpenBLAS's and may round differently with another thread count.)
 #include <cmath>
 #include <limits>

@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# Installs every build and test dependency of tapestry from Debian packages.
-# Idempotent: when everything is already installed it prints nothing and makes no network call.
+# Installs tapestry's dependencies from Debian packages. Idempotent: when everything is already
+# installed it prints nothing and makes no network call.
+#   tools/setup.sh              # build and test dependencies
+#   tools/setup.sh --reference  # the PyTorch reference (python3-torch) for parity and benchmarks
 set -euo pipefail
 
-packages=(
-  cmake g++ make pkg-config
-  libopenblas-openmp-dev   # BLAS with OpenMP threads: one thread pool shared with our kernels
-  libfmt-dev doctest-dev
-  nlohmann-json3-dev       # safetensors headers
-  libcli11-dev             # the command line
-  zlib1g-dev               # reading .gz corpora
-)
+if [ "${1:-}" = "--reference" ]; then
+  packages=(python3-torch)   # run with /usr/bin/python3
+else
+  packages=(
+    cmake g++ make pkg-config
+    libopenblas-openmp-dev   # BLAS with OpenMP threads: one thread pool shared with our kernels
+    libfmt-dev doctest-dev
+    nlohmann-json3-dev       # safetensors headers
+    libcli11-dev             # the command line
+    zlib1g-dev               # reading .gz corpora
+  )
+fi
 
 missing=()
 for p in "${packages[@]}"; do

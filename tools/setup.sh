@@ -15,6 +15,7 @@ else
     nlohmann-json3-dev       # safetensors headers
     libcli11-dev             # the command line
     zlib1g-dev               # reading .gz corpora
+    libsentencepiece-dev     # subwords
   )
 fi
 

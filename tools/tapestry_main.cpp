@@ -8,6 +8,7 @@
 #include "models/bleu.h"
 #include "models/copy_task.h"
 #include "models/text.h"
+#include "models/translation.h"
 #include "tools/bench.h"
 #include "tapestry.h"
 
@@ -54,7 +55,9 @@ int main(int argc, char** argv) {
 
   auto* train = app.add_subcommand("train", "train a model");
   std::string task = "copy";
-  train->add_option("--task", task, "what to train")->check(CLI::IsMember({"copy"}))->capture_default_str();
+  train->add_option("--task", task, "copy (the Annotated Transformer's copy task) or multi30k (German to English)")
+      ->check(CLI::IsMember({"copy", "multi30k"}))
+      ->capture_default_str();
   models::CopyTaskOptions copy;
   int threads = 0;
   train->add_option("--steps", copy.max_steps, "maximum training steps")->capture_default_str()->check(kPositive);
@@ -66,6 +69,19 @@ int main(int argc, char** argv) {
   train->add_option("--warmup", copy.warmup, "Noam warmup steps")->capture_default_str()->check(kPositive);
   train->add_option("--seed", copy.seed, "random seed")->capture_default_str();
   train->add_option("--lr-factor", copy.lr_factor, "Noam schedule factor")->capture_default_str();
+  models::TranslationOptions mt;
+  train->add_option("--data", mt.data_dir, "multi30k: data directory (default: $TAPESTRY_DATA or ../shared/data/multi30k)");
+  train->add_option("--out", mt.out_dir, "multi30k: where the subword model and checkpoints go")->capture_default_str();
+  train->add_option("--config", mt.config, "multi30k: model size")
+      ->check(CLI::IsMember({"tiny", "small", "base", "big"}))
+      ->capture_default_str();
+  train->add_option("--epochs", mt.epochs, "multi30k: epochs")->check(kPositive)->capture_default_str();
+  train->add_option("--limit", mt.limit, "multi30k: use only the first N training pairs")->check(kPositive);
+  train->add_option("--eval-limit", mt.eval_limit, "multi30k: score only the first N val/test sentences")->check(kPositive);
+  train->add_option("--max-tokens", mt.max_tokens, "multi30k: padded tokens per batch")->check(kPositive)->capture_default_str();
+  train->add_option("--vocab-size", mt.vocab_size, "multi30k: subword vocabulary")->check(kPositive)->capture_default_str();
+  train->add_option("--beam", mt.beam, "multi30k: beam size for the test set (1: greedy)")->check(kPositive)->capture_default_str();
+  train->add_option("--label-smoothing", mt.label_smoothing, "multi30k: label smoothing")->capture_default_str();
   bool post_norm = false;
   train->add_flag("--post-norm", post_norm, "the paper's post-norm layers (default: pre-norm, as the Annotated Transformer)");
   train->add_option("--threads", threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
@@ -95,6 +111,13 @@ int main(int argc, char** argv) {
   try {
     if (threads > 0) set_num_threads(threads);
     copy.pre_norm = !post_norm;
+    if (*train && task == "multi30k") {
+      if (train->count("--warmup")) mt.warmup = copy.warmup;
+      if (train->count("--lr-factor")) mt.lr_factor = copy.lr_factor;
+      if (train->count("--seed")) mt.seed = copy.seed;
+      models::train_translation(mt);
+      return 0;
+    }
     if (*train) return run_copy(copy);
     if (*bench) return tools::run_bench(bo);
     if (*bleu) {

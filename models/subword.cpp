@@ -1,0 +1,68 @@
+// SentencePiece wrapper (see subword.h).
+#include "models/subword.h"
+
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "ops/error.h"
+
+namespace tapestry::models {
+
+void Subword::train(const std::vector<std::string>& sentences, const std::string& model_path, int64_t vocab_size,
+                    uint64_t seed) {
+  TP_CHECK(!sentences.empty(), "subword: no sentences to train on");
+  std::string prefix = model_path + ".tmp." + std::to_string(::getpid());
+  std::string input = prefix + ".txt";
+  {
+    std::ofstream out(input);
+    for (const auto& s : sentences) out << s << '\n';
+    TP_CHECK(out.good(), "subword: cannot write {}", input);
+  }
+  std::string args = fmt::format(
+      "--input={} --model_prefix={} --vocab_size={} --model_type=unigram --character_coverage=1.0 "
+      "--pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3 --num_threads=2 --minloglevel=2 "
+      "--hard_vocab_limit=false",
+      input, prefix, vocab_size);
+  (void)seed;  // 0.1.97 has no seed flag; its sampling is fixed, so the model is reproducible
+  auto status = sentencepiece::SentencePieceTrainer::Train(args);
+  std::remove(input.c_str());
+  std::remove((prefix + ".vocab").c_str());
+  TP_CHECK(status.ok(), "subword: SentencePiece training failed: {}", status.ToString());
+  TP_CHECK(std::rename((prefix + ".model").c_str(), model_path.c_str()) == 0, "subword: cannot write {}", model_path);
+}
+
+Subword::Subword(const std::string& model_path) : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+  auto status = sp_->Load(model_path);
+  TP_CHECK(status.ok(), "subword: cannot load {}: {}", model_path, status.ToString());
+}
+
+Subword::~Subword() = default;
+
+std::vector<int64_t> Subword::encode(const std::string& text) const {
+  std::vector<int> ids;
+  sp_->Encode(text, &ids);
+  return std::vector<int64_t>(ids.begin(), ids.end());
+}
+
+std::string Subword::decode(const std::vector<int64_t>& ids) const {
+  std::vector<int> keep;
+  for (int64_t id : ids)
+    if (id > kEos && id < vocab_size()) keep.push_back(static_cast<int>(id));
+  std::string text;
+  sp_->Decode(keep, &text);
+  return text;
+}
+
+std::vector<std::string> Subword::pieces(const std::string& text) const {
+  std::vector<std::string> p;
+  sp_->Encode(text, &p);
+  return p;
+}
+
+int64_t Subword::vocab_size() const { return sp_->GetPieceSize(); }
+
+}  // namespace tapestry::models

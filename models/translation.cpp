@@ -1,0 +1,204 @@
+// The translation training loop (see translation.h).
+#include "models/translation.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "models/bleu.h"
+#include "models/data.h"
+#include "models/subword.h"
+#include "models/transformer.h"
+#include "optim/optimizer.h"
+
+namespace tapestry::models {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string clock(double s) {
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60) : fmt::format("{}:{:02}", t / 60, t % 60);
+}
+
+// One line redrawn in place on a terminal; on a pipe, a line every tenth of the epoch.
+void progress_line(int64_t epoch, int64_t done, int64_t total, double loss, double tok_s, double lr, double eta,
+                   bool tty) {
+  const int width = 24;
+  int filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
+  std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
+  std::string line = fmt::format("epoch {:>2} [{}] {:>4}/{} loss {:.3f} | {:.0f} tok/s | lr {:.2e} | ETA {}", epoch,
+                                 bar, done, total, loss, tok_s, lr, clock(eta));
+  if (tty) {
+    std::fprintf(stderr, "\r%s", line.c_str());
+    if (done == total) std::fprintf(stderr, "\n");
+  } else if (done == total || done % std::max<int64_t>(1, total / 10) == 0) {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
+struct Encoded {
+  std::vector<std::vector<int64_t>> src, tgt;
+};
+
+Encoded encode(const Subword& sp, const ParallelCorpus& c, int64_t limit) {
+  Encoded e;
+  size_t n = limit > 0 ? std::min<size_t>(c.src.size(), static_cast<size_t>(limit)) : c.src.size();
+  for (size_t i = 0; i < n; ++i) {
+    e.src.push_back(sp.encode(c.src[i]));
+    e.tgt.push_back(sp.encode(c.tgt[i]));
+  }
+  return e;
+}
+
+// Mean token loss over a corpus, no dropout, no graph.
+double evaluate_loss(Transformer& model, const TokenBatcher& batches, double smoothing) {
+  NoGradGuard no_grad;
+  model.eval();
+  double total = 0;
+  int64_t tokens = 0;
+  for (auto& rows : batches.plan(0, 0)) {
+    Batch b = batches.make(rows);
+    total += model.loss(b.src, b.tgt_in, b.tgt_out, smoothing).item<double>() * static_cast<double>(b.tgt_tokens);
+    tokens += b.tgt_tokens;
+  }
+  model.train();
+  return total / static_cast<double>(std::max<int64_t>(tokens, 1));
+}
+
+// Translations of `sources` (greedy when beam == 1), in order, batched by 50 sentences.
+std::vector<std::string> translate_all(Transformer& model, const Subword& sp, const std::vector<std::string>& sources,
+                                       int64_t beam, double alpha) {
+  std::vector<std::string> out;
+  DecodeOptions opt;
+  opt.bos = Subword::kBos, opt.eos = Subword::kEos;
+  for (size_t start = 0; start < sources.size(); start += 50) {
+    size_t end = std::min(sources.size(), start + 50);
+    std::vector<std::vector<int64_t>> ids;
+    int64_t S = 1;
+    for (size_t i = start; i < end; ++i) {
+      ids.push_back(sp.encode(sources[i]));
+      S = std::max<int64_t>(S, static_cast<int64_t>(ids.back().size()));
+    }
+    std::vector<int64_t> flat(ids.size() * S, Subword::kPad);
+    for (size_t i = 0; i < ids.size(); ++i) std::copy(ids[i].begin(), ids[i].end(), flat.begin() + i * S);
+    Tensor src = tensor(flat, {static_cast<int64_t>(ids.size()), S});
+    auto hyps = beam > 1 ? beam_search(model, src, beam, alpha, opt) : greedy_decode(model, src, opt);
+    for (auto& h : hyps) out.push_back(sp.decode(h.tokens));
+  }
+  return out;
+}
+
+std::vector<std::string> head(const std::vector<std::string>& v, int64_t limit) {
+  return limit > 0 && static_cast<size_t>(limit) < v.size() ? std::vector<std::string>(v.begin(), v.begin() + limit) : v;
+}
+
+}  // namespace
+
+TranslationResult train_translation(const TranslationOptions& o) {
+  const std::string dir = o.data_dir.empty() ? default_data_dir() : o.data_dir;
+  ParallelCorpus train = load_parallel(dir, o.train_split, o.src_lang, o.tgt_lang);
+  ParallelCorpus val = load_parallel(dir, o.val_split, o.src_lang, o.tgt_lang);
+  ParallelCorpus test = load_parallel(dir, o.test_split, o.src_lang, o.tgt_lang);
+  ::mkdir(o.out_dir.c_str(), 0755);
+  struct stat st{};
+  TP_CHECK(::stat(o.out_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "train: cannot create the output directory {}",
+           o.out_dir);
+  manual_seed(o.seed);
+
+  // Joint subword model on both sides of the (possibly limited) training text.
+  const std::string spm_path = o.out_dir + "/spm.model";
+  if (!std::ifstream(spm_path).good()) {
+    std::vector<std::string> text;
+    size_t n = o.limit > 0 ? std::min<size_t>(train.src.size(), static_cast<size_t>(o.limit)) : train.src.size();
+    text.insert(text.end(), train.src.begin(), train.src.begin() + n);
+    text.insert(text.end(), train.tgt.begin(), train.tgt.begin() + n);
+    Subword::train(text, spm_path, o.vocab_size, o.seed);
+  }
+  Subword sp(spm_path);
+  const int64_t V = sp.vocab_size();
+  Encoded tr = encode(sp, train, o.limit), va = encode(sp, val, o.eval_limit);
+  TokenBatcher train_batches(tr.src, tr.tgt, o.max_tokens, Subword::kPad, Subword::kBos, Subword::kEos);
+  TokenBatcher val_batches(va.src, va.tgt, o.max_tokens, Subword::kPad, Subword::kBos, Subword::kEos);
+
+  TransformerConfig cfg = TransformerConfig::named(o.config, V, V);
+  cfg.share_embeddings = true;
+  cfg.dropout = o.dropout;
+  cfg.pad_id = Subword::kPad;
+  Transformer model(cfg);
+  optim::AdamOptions ao;
+  ao.beta1 = 0.9, ao.beta2 = 0.98, ao.eps = 1e-9;
+  optim::Adam adam(model.parameters(), ao);
+  optim::NoamSchedule schedule(cfg.d_model, o.warmup, o.lr_factor);
+  std::printf("train: %s %s-%s, %zu training pairs, vocabulary %lld (joint SentencePiece), config %s (%lld "
+              "parameters), batches of <= %lld tokens, %lld epochs, Noam warmup %lld x %.2f\n",
+              dir.c_str(), o.src_lang.c_str(), o.tgt_lang.c_str(), tr.src.size(), (long long)V, o.config.c_str(),
+              (long long)model.num_parameters(), (long long)o.max_tokens, (long long)o.epochs, (long long)o.warmup,
+              o.lr_factor);
+  std::fflush(stdout);
+
+  const bool tty = o.progress && ::isatty(2);
+  TranslationResult result;
+  int64_t step = 0;
+  const auto run_start = std::chrono::steady_clock::now();
+  for (int64_t epoch = 1; epoch <= o.epochs; ++epoch) {
+    auto plan = train_batches.plan(o.seed, epoch);
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss_sum = 0;
+    int64_t tokens = 0;
+    model.train();
+    for (size_t i = 0; i < plan.size(); ++i) {
+      Batch b = train_batches.make(plan[i]);
+      schedule.apply(adam, ++step);
+      Tensor loss = model.loss(b.src, b.tgt_in, b.tgt_out, o.label_smoothing);
+      loss.backward();
+      adam.step();
+      adam.zero_grad();
+      loss_sum += loss.item<double>() * static_cast<double>(b.tgt_tokens);
+      tokens += b.tgt_tokens;
+      if (o.progress) {
+        double el = seconds_since(t0);
+        progress_line(epoch, static_cast<int64_t>(i + 1), static_cast<int64_t>(plan.size()),
+                      loss_sum / static_cast<double>(tokens), static_cast<double>(tokens) / el, adam.lr(),
+                      el / static_cast<double>(i + 1) * static_cast<double>(plan.size() - i - 1), tty);
+      }
+    }
+    EpochResult r;
+    r.epoch = epoch;
+    r.steps = step;
+    r.seconds = seconds_since(t0);
+    r.train_loss = loss_sum / static_cast<double>(std::max<int64_t>(tokens, 1));
+    r.tokens_per_s = static_cast<double>(tokens) / r.seconds;
+    r.val_loss = evaluate_loss(model, val_batches, o.label_smoothing);
+    auto val_src = head(val.src, o.eval_limit), val_ref = head(val.tgt, o.eval_limit);
+    r.val_bleu = corpus_bleu(translate_all(model, sp, val_src, 1, o.alpha), val_ref).score;
+    model.save(o.out_dir + "/model.safetensors",
+               {{"config", o.config}, {"vocab_size", std::to_string(V)}, {"epoch", std::to_string(epoch)}});
+    adam.save(o.out_dir + "/optimizer.safetensors");
+    std::printf("epoch %lld: train loss %.3f, val loss %.3f, val BLEU %.2f (greedy), %.0f s, %.0f tok/s, elapsed %s\n",
+                (long long)epoch, r.train_loss, r.val_loss, r.val_bleu, r.seconds, r.tokens_per_s,
+                clock(seconds_since(run_start)).c_str());
+    std::fflush(stdout);
+    result.epochs.push_back(r);
+  }
+
+  auto test_src = head(test.src, o.eval_limit), test_ref = head(test.tgt, o.eval_limit);
+  auto hyps = translate_all(model, sp, test_src, o.beam, o.alpha);
+  auto score = corpus_bleu(hyps, test_ref);
+  result.test_bleu = score.score;
+  result.test_bleu_line = score.format();
+  std::printf("test (%s, beam %lld, alpha %.1f): %s\n%s\n", o.test_split.c_str(), (long long)o.beam, o.alpha,
+              score.format().c_str(), BleuScore::signature().c_str());
+  for (size_t i = 0; i < std::min<size_t>(5, hyps.size()); ++i)
+    std::printf("  src: %s\n  ref: %s\n  hyp: %s\n", test_src[i].c_str(), test_ref[i].c_str(), hyps[i].c_str());
+  return result;
+}
+
+}  // namespace tapestry::models

@@ -1,0 +1,46 @@
+// Training the Transformer on a parallel corpus (Multi30k German to English by default):
+// SentencePiece subwords, token-count batches, label-smoothed loss, Adam with the Noam schedule,
+// a progress line per epoch, validation loss and greedy BLEU after each epoch, an atomic
+// checkpoint, and beam-search BLEU on the test set at the end.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tapestry::models {
+
+struct TranslationOptions {
+  std::string data_dir;  // empty: default_data_dir()
+  std::string out_dir = "runs/multi30k";
+  std::string src_lang = "de", tgt_lang = "en";
+  std::string train_split = "train", val_split = "val", test_split = "test_2016_flickr";
+  std::string config = "small";
+  int64_t vocab_size = 8000;
+  int64_t max_tokens = 4096;  // padded tokens per batch
+  int64_t epochs = 10;
+  int64_t warmup = 4000;
+  double lr_factor = 1.0;
+  double label_smoothing = 0.1;
+  double dropout = 0.1;
+  uint64_t seed = 1;
+  int64_t limit = 0;        // use only the first N training pairs (0: all)
+  int64_t eval_limit = 0;   // score only the first N val/test sentences (0: all)
+  int64_t beam = 4;
+  double alpha = 0.6;
+  bool progress = true;
+};
+
+struct EpochResult {
+  int64_t epoch = 0, steps = 0;
+  double train_loss = 0, val_loss = 0, val_bleu = 0, seconds = 0, tokens_per_s = 0;
+};
+
+struct TranslationResult {
+  std::vector<EpochResult> epochs;
+  double test_bleu = 0;
+  std::string test_bleu_line;
+};
+
+TranslationResult train_translation(const TranslationOptions& options);
+
+}  // namespace tapestry::models

@@ -1,0 +1,90 @@
+// Subwords and the translation training loop, end to end on a small synthetic corpus (a
+// word-for-word "German to English" dictionary), so the test needs no data files.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "models/subword.h"
+#include "models/translation.h"
+#include "tests/helpers.h"
+
+using namespace tapestry;
+using namespace tapestry::testing;
+
+namespace {
+const std::vector<std::pair<std::string, std::string>> kWords = {
+    {"ein", "a"},      {"Hund", "dog"},   {"Mann", "man"},       {"Frau", "woman"}, {"läuft", "runs"},
+    {"springt", "jumps"}, {"rot", "red"}, {"blau", "blue"},      {"im", "in the"},  {"Park", "park"},
+    {"Schnee", "snow"}, {"Wasser", "water"}, {"groß", "big"},    {"klein", "small"}, {"Kind", "child"},
+    {"spielt", "plays"}, {"Ball", "ball"}, {"mit", "with"},      {"und", "and"},    {"sitzt", "sits"}};
+
+// n sentence pairs of 3 to 8 words, translated word by word.
+void write_corpus(const std::string& dir, const std::string& split, int n, uint64_t seed) {
+  Generator gen(seed);
+  std::ofstream de(dir + "/" + split + ".de"), en(dir + "/" + split + ".en");
+  for (int i = 0; i < n; ++i) {
+    int64_t len = randint(3, 9, {1}, kInt64, &gen).item<int64_t>();
+    std::vector<int64_t> w = randint(0, static_cast<int64_t>(kWords.size()), {len}, kInt64, &gen).to_vector<int64_t>();
+    std::string s, t;
+    for (int64_t k : w) {
+      s += (s.empty() ? "" : " ") + kWords[k].first;
+      t += (t.empty() ? "" : " ") + kWords[k].second;
+    }
+    de << s << " .\n";
+    en << t << " .\n";
+  }
+}
+}  // namespace
+
+TEST_CASE("subwords: train, encode, decode round trip") {
+  std::string dir = fmt::format("/tmp/tapestry_test_{}_spm", ::getpid());
+  ::mkdir(dir.c_str(), 0755);
+  std::vector<std::string> text;
+  for (int i = 0; i < 200; ++i) text.push_back(i % 2 ? "Ein Hund läuft im Park ." : "A dog runs in the park .");
+  models::Subword::train(text, dir + "/m.model", 40);
+  models::Subword sp(dir + "/m.model");
+  CHECK(sp.vocab_size() <= 40);
+  auto ids = sp.encode("Ein Hund läuft.");
+  CHECK(!ids.empty());
+  for (int64_t id : ids) CHECK(id > models::Subword::kEos);
+  CHECK(sp.decode(ids) == "Ein Hund läuft.");
+  CHECK(sp.decode({models::Subword::kBos, ids[0], models::Subword::kEos}) == sp.decode({ids[0]}));
+  CHECK(error_of([&] { models::Subword("/nonexistent/x.model"); }).find("subword: cannot load /nonexistent/x.model") !=
+        std::string::npos);
+  std::remove((dir + "/m.model").c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST_CASE("two epochs on a 1000-pair corpus: the loss falls, checkpoints are written") {
+  std::string dir = fmt::format("/tmp/tapestry_test_{}_mt", ::getpid());
+  ::mkdir(dir.c_str(), 0755);
+  write_corpus(dir, "train", 1000, 1);
+  write_corpus(dir, "val", 60, 2);
+  write_corpus(dir, "test_2016_flickr", 40, 3);
+  models::TranslationOptions o;
+  o.data_dir = dir;
+  o.out_dir = dir + "/run";
+  o.config = "tiny";
+  o.vocab_size = 80;
+  o.max_tokens = 512;
+  o.epochs = 2;
+  o.warmup = 50;
+  o.beam = 2;
+  o.progress = false;
+  auto r = models::train_translation(o);
+  REQUIRE(r.epochs.size() == 2);
+  MESSAGE("train loss ", r.epochs[0].train_loss, " -> ", r.epochs[1].train_loss, ", val loss ", r.epochs[0].val_loss,
+          " -> ", r.epochs[1].val_loss, ", test BLEU ", r.test_bleu);
+  CHECK(r.epochs[1].train_loss < r.epochs[0].train_loss);
+  CHECK(r.epochs[1].val_loss < r.epochs[0].val_loss);
+  CHECK(std::ifstream(dir + "/run/model.safetensors").good());
+  CHECK(std::ifstream(dir + "/run/optimizer.safetensors").good());
+  CHECK(std::ifstream(dir + "/run/spm.model").good());
+  CHECK(r.test_bleu_line.rfind("BLEU = ", 0) == 0);
+  for (const char* f : {"train.de", "train.en", "val.de", "val.en", "test_2016_flickr.de", "test_2016_flickr.en",
+                        "run/model.safetensors", "run/optimizer.safetensors", "run/spm.model"})
+    std::remove((dir + "/" + f).c_str());
+  ::rmdir((dir + "/run").c_str());
+  ::rmdir(dir.c_str());
+}

@@ -13,6 +13,7 @@
 #include "models/data.h"
 #include "models/subword.h"
 #include "models/transformer.h"
+#include "nn/safetensors.h"
 #include "optim/optimizer.h"
 
 namespace tapestry::models {
@@ -199,6 +200,23 @@ TranslationResult train_translation(const TranslationOptions& o) {
   for (size_t i = 0; i < std::min<size_t>(5, hyps.size()); ++i)
     std::printf("  src: %s\n  ref: %s\n  hyp: %s\n", test_src[i].c_str(), test_ref[i].c_str(), hyps[i].c_str());
   return result;
+}
+
+std::vector<std::string> translate(const std::string& dir, const std::vector<std::string>& sources, int64_t beam,
+                                   double alpha) {
+  const std::string model_path = dir + "/model.safetensors", spm_path = dir + "/spm.model";
+  TP_CHECK(std::ifstream(model_path).good(), "translate: {} not found (train with `tapestry train --task multi30k --out "
+           "{}`)", model_path, dir);
+  Subword sp(spm_path);
+  auto file = nn::load_safetensors(model_path);
+  auto it = file.metadata.find("config");
+  TP_CHECK(it != file.metadata.end(), "translate: {} records no config", model_path);
+  TransformerConfig cfg = TransformerConfig::named(it->second, sp.vocab_size(), sp.vocab_size());
+  cfg.share_embeddings = true;
+  cfg.pad_id = Subword::kPad;
+  Transformer model(cfg);
+  model.load_state_dict(file.as_map());
+  return translate_all(model, sp, sources, beam, alpha);
 }
 
 }  // namespace tapestry::models

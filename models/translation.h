@@ -43,4 +43,11 @@ struct TranslationResult {
 
 TranslationResult train_translation(const TranslationOptions& options);
 
+// Translates `sources` with the model and subwords that train_translation left in checkpoint_dir
+// (model.safetensors + spm.model): beam search with the paper's length penalty, or greedy when
+// beam is 1. Throws a tapestry::Error naming the file when the checkpoint is missing or does not
+// fit its recorded config.
+std::vector<std::string> translate(const std::string& checkpoint_dir, const std::vector<std::string>& sources,
+                                   int64_t beam = 4, double alpha = 0.6);
+
 }  // namespace tapestry::models

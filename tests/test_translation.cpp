@@ -82,6 +82,15 @@ TEST_CASE("two epochs on a 1000-pair corpus: the loss falls, checkpoints are wri
   CHECK(std::ifstream(dir + "/run/optimizer.safetensors").good());
   CHECK(std::ifstream(dir + "/run/spm.model").good());
   CHECK(r.test_bleu_line.rfind("BLEU = ", 0) == 0);
+  // The checkpoint translates on its own, and greedy equals beam 1.
+  std::vector<std::string> src = {"ein Hund läuft im Park .", "ein Mann spielt mit Ball ."};
+  auto beam = models::translate(dir + "/run", src, 3);
+  auto greedy = models::translate(dir + "/run", src, 1);
+  CHECK(beam.size() == 2);
+  CHECK(greedy.size() == 2);
+  MESSAGE("translations: '", beam[0], "', '", beam[1], "'");
+  CHECK(error_of([&] { models::translate(dir + "/nothing", src); }).find("model.safetensors not found") !=
+        std::string::npos);
   for (const char* f : {"train.de", "train.en", "val.de", "val.en", "test_2016_flickr.de", "test_2016_flickr.en",
                         "run/model.safetensors", "run/optimizer.safetensors", "run/spm.model"})
     std::remove((dir + "/" + f).c_str());

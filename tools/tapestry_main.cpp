@@ -103,6 +103,17 @@ int main(int argc, char** argv) {
   bleu->add_option("--ref", ref_path, "reference file (plain or .gz), one sentence per line")->required();
   bleu->add_option("--hyp", hyp_path, "hypothesis file (default: standard input)");
 
+  auto* translate = app.add_subcommand("translate", "translate sentences with a trained checkpoint");
+  std::string ckpt_dir, input_path;
+  int64_t tr_beam = 4;
+  double tr_alpha = 0.6;
+  bool tr_greedy = false;
+  translate->add_option("--checkpoint", ckpt_dir, "directory written by `train --task multi30k --out DIR`")->required();
+  translate->add_option("--input", input_path, "sentences, one per line (default: standard input)");
+  translate->add_option("--beam", tr_beam, "beam size")->check(kPositive)->capture_default_str();
+  translate->add_option("--alpha", tr_alpha, "length penalty")->check(CLI::NonNegativeNumber)->capture_default_str();
+  translate->add_flag("--greedy", tr_greedy, "greedy decoding instead of beam search");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -120,6 +131,12 @@ int main(int argc, char** argv) {
     }
     if (*train) return run_copy(copy);
     if (*bench) return tools::run_bench(bo);
+    if (*translate) {
+      auto lines = input_path.empty() ? models::read_lines(std::cin, "<stdin>") : models::read_lines(input_path);
+      for (const auto& out : models::translate(ckpt_dir, lines, tr_greedy ? 1 : tr_beam, tr_alpha))
+        std::printf("%s\n", out.c_str());
+      return 0;
+    }
     if (*bleu) {
       auto refs = models::read_lines(ref_path);
       auto hyps = hyp_path.empty() ? models::read_lines(std::cin, "<stdin>") : models::read_lines(hyp_path);

@@ -14,6 +14,7 @@
 #include "models/subword.h"
 #include "models/transformer.h"
 #include "nn/safetensors.h"
+#include "ops/factory.h"
 #include "optim/optimizer.h"
 
 namespace tapestry::models {
@@ -149,13 +150,58 @@ TranslationResult train_translation(const TranslationOptions& o) {
   TranslationResult result;
   int64_t step = 0;
   const auto run_start = std::chrono::steady_clock::now();
-  for (int64_t epoch = 1; epoch <= o.epochs; ++epoch) {
+  // Note [Exact resume]: a checkpoint holds the model, the optimizer (moments, step count) and,
+  // in the model file's metadata, the position (epoch, next batch), the running epoch loss and
+  // the random generator's state (dropout seeds come from it). Batches follow from (seed, epoch)
+  // and every kernel is independent of the thread count, so a resumed run replays exactly what
+  // the uninterrupted run would have done. The optimizer file is written first: a crash between
+  // the two writes leaves files whose step counts disagree, which resume refuses.
+  const std::string model_path = o.out_dir + "/model.safetensors", opt_path = o.out_dir + "/optimizer.safetensors";
+  int64_t start_epoch = 1, start_batch = 0;
+  double resumed_loss_sum = 0;
+  int64_t resumed_tokens = 0;
+  auto save_checkpoint = [&](int64_t epoch, int64_t next_batch, double loss_sum, int64_t tokens) {
+    adam.save(opt_path);
+    model.save(model_path, {{"config", o.config},
+                            {"vocab_size", std::to_string(V)},
+                            {"epoch", std::to_string(epoch)},
+                            {"next_batch", std::to_string(next_batch)},
+                            {"step", std::to_string(step)},
+                            {"epoch_loss_sum", fmt::format("{:.17g}", loss_sum)},
+                            {"epoch_tokens", std::to_string(tokens)},
+                            {"rng", default_generator().state()}});
+  };
+  if (o.resume && std::ifstream(model_path).good()) {
+    auto file = nn::load_safetensors(model_path);
+    auto meta = [&](const char* key) {
+      auto it = file.metadata.find(key);
+      TP_CHECK(it != file.metadata.end(), "resume: {} has no '{}' entry (not a training checkpoint)", model_path, key);
+      return it->second;
+    };
+    TP_CHECK(meta("config") == o.config, "resume: {} holds a '{}' model but --config is '{}'", model_path,
+             meta("config"), o.config);
+    model.load_state_dict(file.as_map());
+    adam.load(opt_path);
+    step = std::stoll(meta("step"));
+    TP_CHECK(adam.step_count() == step, "resume: {} is at step {} but {} at step {}; the checkpoint is torn", opt_path,
+             adam.step_count(), model_path, step);
+    start_epoch = std::stoll(meta("epoch"));
+    start_batch = std::stoll(meta("next_batch"));
+    resumed_loss_sum = std::stod(meta("epoch_loss_sum"));
+    resumed_tokens = std::stoll(meta("epoch_tokens"));
+    default_generator().set_state(meta("rng"));
+    std::printf("resume: from %s at epoch %lld, batch %lld, step %lld\n", model_path.c_str(), (long long)start_epoch,
+                (long long)start_batch, (long long)step);
+  }
+  for (int64_t epoch = start_epoch; epoch <= o.epochs; ++epoch) {
     auto plan = train_batches.plan(o.seed, epoch);
+    const bool resumed_here = epoch == start_epoch && start_batch > 0;
+    if (resumed_here && start_batch >= static_cast<int64_t>(plan.size())) continue;  // that epoch was complete
     const auto t0 = std::chrono::steady_clock::now();
-    double loss_sum = 0;
-    int64_t tokens = 0;
+    double loss_sum = resumed_here ? resumed_loss_sum : 0;
+    int64_t tokens = resumed_here ? resumed_tokens : 0;
     model.train();
-    for (size_t i = 0; i < plan.size(); ++i) {
+    for (size_t i = resumed_here ? static_cast<size_t>(start_batch) : 0; i < plan.size(); ++i) {
       Batch b = train_batches.make(plan[i]);
       schedule.apply(adam, ++step);
       Tensor loss = model.loss(b.src, b.tgt_in, b.tgt_out, o.label_smoothing);
@@ -164,6 +210,13 @@ TranslationResult train_translation(const TranslationOptions& o) {
       adam.zero_grad();
       loss_sum += loss.item<double>() * static_cast<double>(b.tgt_tokens);
       tokens += b.tgt_tokens;
+      if (o.save_every > 0 && step % o.save_every == 0 && i + 1 < plan.size())
+        save_checkpoint(epoch, static_cast<int64_t>(i + 1), loss_sum, tokens);
+      if (o.stop_after > 0 && step == o.stop_after) {  // tests: an interruption right after a checkpoint
+        save_checkpoint(epoch, static_cast<int64_t>(i + 1), loss_sum, tokens);
+        result.stopped = true;
+        return result;
+      }
       if (o.progress) {
         double el = seconds_since(t0);
         progress_line(epoch, static_cast<int64_t>(i + 1), static_cast<int64_t>(plan.size()),
@@ -180,9 +233,7 @@ TranslationResult train_translation(const TranslationOptions& o) {
     r.val_loss = evaluate_loss(model, val_batches, o.label_smoothing);
     auto val_src = head(val.src, o.eval_limit), val_ref = head(val.tgt, o.eval_limit);
     r.val_bleu = corpus_bleu(translate_all(model, sp, val_src, 1, o.alpha), val_ref).score;
-    model.save(o.out_dir + "/model.safetensors",
-               {{"config", o.config}, {"vocab_size", std::to_string(V)}, {"epoch", std::to_string(epoch)}});
-    adam.save(o.out_dir + "/optimizer.safetensors");
+    save_checkpoint(epoch, static_cast<int64_t>(plan.size()), loss_sum, tokens);
     std::printf("epoch %lld: train loss %.3f, val loss %.3f, val BLEU %.2f (greedy), %.0f s, %.0f tok/s, elapsed %s\n",
                 (long long)epoch, r.train_loss, r.val_loss, r.val_bleu, r.seconds, r.tokens_per_s,
                 clock(seconds_since(run_start)).c_str());

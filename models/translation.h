@@ -28,6 +28,9 @@ struct TranslationOptions {
   int64_t beam = 4;
   double alpha = 0.6;
   bool progress = true;
+  bool resume = false;       // continue from out_dir's checkpoint, exactly (Note [Exact resume])
+  int64_t save_every = 0;    // also checkpoint every N steps (0: at the end of each epoch only)
+  int64_t stop_after = 0;    // stop after N steps, right after a checkpoint (tests interruption)
 };
 
 struct EpochResult {
@@ -39,6 +42,7 @@ struct TranslationResult {
   std::vector<EpochResult> epochs;
   double test_bleu = 0;
   std::string test_bleu_line;
+  bool stopped = false;  // stop_after cut the run short
 };
 
 TranslationResult train_translation(const TranslationOptions& options);

@@ -7,6 +7,7 @@
 
 #include "models/subword.h"
 #include "models/translation.h"
+#include "nn/safetensors.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;
@@ -95,5 +96,55 @@ TEST_CASE("two epochs on a 1000-pair corpus: the loss falls, checkpoints are wri
                         "run/model.safetensors", "run/optimizer.safetensors", "run/spm.model"})
     std::remove((dir + "/" + f).c_str());
   ::rmdir((dir + "/run").c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterrupted one does, to the bit") {
+  std::string dir = fmt::format("/tmp/tapestry_test_{}_resume", ::getpid());
+  ::mkdir(dir.c_str(), 0755);
+  write_corpus(dir, "train", 600, 4);
+  write_corpus(dir, "val", 30, 5);
+  write_corpus(dir, "test_2016_flickr", 20, 6);
+  models::TranslationOptions o;
+  o.data_dir = dir;
+  o.config = "tiny";
+  o.vocab_size = 80;
+  o.max_tokens = 512;
+  o.epochs = 2;
+  o.warmup = 30;
+  o.beam = 1;
+  o.progress = false;
+
+  o.out_dir = dir + "/straight";
+  auto straight = models::train_translation(o);
+
+  o.out_dir = dir + "/interrupted";
+  o.stop_after = 7;  // mid-way through the first epoch
+  auto first = models::train_translation(o);
+  CHECK(first.stopped);
+  o.stop_after = 0;
+  o.resume = true;
+  auto resumed = models::train_translation(o);
+  REQUIRE(resumed.epochs.size() == 2);
+  CHECK(resumed.epochs[1].train_loss == straight.epochs[1].train_loss);  // exactly
+  CHECK(resumed.epochs[0].train_loss == straight.epochs[0].train_loss);
+  CHECK(resumed.epochs[1].val_loss == straight.epochs[1].val_loss);
+  auto a = nn::load_safetensors(dir + "/straight/model.safetensors").as_map();
+  auto b = nn::load_safetensors(dir + "/interrupted/model.safetensors").as_map();
+  REQUIRE(a.size() == b.size());
+  for (auto& [name, t] : a) {
+    INFO(name);
+    CHECK(values(t) == values(b.at(name)));
+  }
+  // A checkpoint of another config is refused with a clear message.
+  o.config = "small";
+  CHECK(error_of([&] { models::train_translation(o); }).find("holds a 'tiny' model but --config is 'small'") !=
+        std::string::npos);
+  for (const char* run : {"straight", "interrupted"})
+    for (const char* f : {"model.safetensors", "optimizer.safetensors", "spm.model"})
+      std::remove((dir + "/" + run + "/" + f).c_str());
+  for (const char* run : {"straight", "interrupted"}) ::rmdir((dir + "/" + run).c_str());
+  for (const char* f : {"train.de", "train.en", "val.de", "val.en", "test_2016_flickr.de", "test_2016_flickr.en"})
+    std::remove((dir + "/" + f).c_str());
   ::rmdir(dir.c_str());
 }

@@ -82,6 +82,8 @@ int main(int argc, char** argv) {
   train->add_option("--vocab-size", mt.vocab_size, "multi30k: subword vocabulary")->check(kPositive)->capture_default_str();
   train->add_option("--beam", mt.beam, "multi30k: beam size for the test set (1: greedy)")->check(kPositive)->capture_default_str();
   train->add_option("--label-smoothing", mt.label_smoothing, "multi30k: label smoothing")->capture_default_str();
+  train->add_flag("--resume", mt.resume, "multi30k: continue exactly from the checkpoint in --out");
+  train->add_option("--save-every", mt.save_every, "multi30k: also checkpoint every N steps")->check(kPositive);
   bool post_norm = false;
   train->add_flag("--post-norm", post_norm, "the paper's post-norm layers (default: pre-norm, as the Annotated Transformer)");
   train->add_option("--threads", threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);

@@ -11,6 +11,7 @@
 
 #include "models/bleu.h"
 #include "models/data.h"
+#include "models/plot.h"
 #include "models/subword.h"
 #include "models/transformer.h"
 #include "nn/safetensors.h"
@@ -239,6 +240,17 @@ TranslationResult train_translation(const TranslationOptions& o) {
                 clock(seconds_since(run_start)).c_str());
     std::fflush(stdout);
     result.epochs.push_back(r);
+    // The curves so far (an interrupted run keeps its picture); epochs before a resume are not
+    // in this process, so a resumed run plots from where it resumed.
+    Series train_loss{"train loss", "#1f77b4", {}}, val_loss{"val loss", "#ff7f0e", {}},
+        val_bleu{"val BLEU (greedy)", "#2ca02c", {}, true};
+    for (auto& e : result.epochs) {
+      train_loss.y.push_back(e.train_loss);
+      val_loss.y.push_back(e.val_loss);
+      val_bleu.y.push_back(e.val_bleu);
+    }
+    write_svg_chart(o.out_dir + "/curves.svg", fmt::format("{}-{} {} on {}", o.src_lang, o.tgt_lang, o.config, dir),
+                    {train_loss, val_loss, val_bleu});
   }
 
   auto test_src = head(test.src, o.eval_limit), test_ref = head(test.tgt, o.eval_limit);

@@ -82,6 +82,13 @@ TEST_CASE("two epochs on a 1000-pair corpus: the loss falls, checkpoints are wri
   CHECK(std::ifstream(dir + "/run/model.safetensors").good());
   CHECK(std::ifstream(dir + "/run/optimizer.safetensors").good());
   CHECK(std::ifstream(dir + "/run/spm.model").good());
+  {
+    std::ifstream svg(dir + "/run/curves.svg");
+    std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+    CHECK(text.rfind("<svg", 0) == 0);
+    CHECK(text.find("val BLEU (greedy)") != std::string::npos);
+    CHECK(text.find("<polyline") != std::string::npos);
+  }
   CHECK(r.test_bleu_line.rfind("BLEU = ", 0) == 0);
   // The checkpoint translates on its own, and greedy equals beam 1.
   std::vector<std::string> src = {"ein Hund läuft im Park .", "ein Mann spielt mit Ball ."};
@@ -93,7 +100,7 @@ TEST_CASE("two epochs on a 1000-pair corpus: the loss falls, checkpoints are wri
   CHECK(error_of([&] { models::translate(dir + "/nothing", src); }).find("model.safetensors not found") !=
         std::string::npos);
   for (const char* f : {"train.de", "train.en", "val.de", "val.en", "test_2016_flickr.de", "test_2016_flickr.en",
-                        "run/model.safetensors", "run/optimizer.safetensors", "run/spm.model"})
+                        "run/model.safetensors", "run/optimizer.safetensors", "run/spm.model", "run/curves.svg"})
     std::remove((dir + "/" + f).c_str());
   ::rmdir((dir + "/run").c_str());
   ::rmdir(dir.c_str());
@@ -141,7 +148,7 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
   CHECK(error_of([&] { models::train_translation(o); }).find("holds a 'tiny' model but --config is 'small'") !=
         std::string::npos);
   for (const char* run : {"straight", "interrupted"})
-    for (const char* f : {"model.safetensors", "optimizer.safetensors", "spm.model"})
+    for (const char* f : {"model.safetensors", "optimizer.safetensors", "spm.model", "curves.svg"})
       std::remove((dir + "/" + run + "/" + f).c_str());
   for (const char* run : {"straight", "interrupted"}) ::rmdir((dir + "/" + run).c_str());
   for (const char* f : {"train.de", "train.en", "val.de", "val.en", "test_2016_flickr.de", "test_2016_flickr.en"})

@@ -49,8 +49,9 @@ void write_svg_chart(const std::string& path, const std::string& title, const st
   svg += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", W - R, T, W - R, H - B);
   for (int k = 0; k <= 5; ++k) {
     double fy = T + k * (H - T - B) / 5;
-    // + 0.0 turns a -0 into 0, so the bottom label never reads "-0.00"
-    double lv = left.hi - k * (left.hi - left.lo) / 5 + 0.0, rv = right.hi - k * (right.hi - right.lo) / 5 + 0.0;
+    double lv = left.hi - k * (left.hi - left.lo) / 5, rv = right.hi - k * (right.hi - right.lo) / 5;
+    if (std::fabs(lv) < 1e-9) lv = 0;  // rounding leaves -1e-16 at the bottom: no "-0.00" label
+    if (std::fabs(rv) < 1e-9) rv = 0;
     svg += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n", L, fy, W - R, fy);
     svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.2f}</text>\n", L - 6, fy + 4, lv);
     svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\">{:.1f}</text>\n", W - R + 6, fy + 4, rv);

@@ -235,6 +235,16 @@ TranslationResult train_translation(const TranslationOptions& o) {
     auto val_src = head(val.src, o.eval_limit), val_ref = head(val.tgt, o.eval_limit);
     r.val_bleu = corpus_bleu(translate_all(model, sp, val_src, 1, o.alpha), val_ref).score;
     save_checkpoint(epoch, static_cast<int64_t>(plan.size()), loss_sum, tokens);
+    // Per-epoch copies: the last `keep` stay (for averaging), and the best on val BLEU.
+    const std::string epoch_path = fmt::format("{}/model.epoch{}.safetensors", o.out_dir, epoch);
+    model.save(epoch_path, {{"config", o.config}, {"epoch", std::to_string(epoch)}});
+    if (epoch - o.keep >= 1) std::remove(fmt::format("{}/model.epoch{}.safetensors", o.out_dir, epoch - o.keep).c_str());
+    if (r.val_bleu > result.best_val_bleu) {
+      result.best_val_bleu = r.val_bleu;
+      result.best_epoch = epoch;
+      model.save(o.out_dir + "/model.best.safetensors",
+                 {{"config", o.config}, {"epoch", std::to_string(epoch)}, {"val_bleu", fmt::format("{:.2f}", r.val_bleu)}});
+    }
     std::printf("epoch %lld: train loss %.3f, val loss %.3f, val BLEU %.2f (greedy), %.0f s, %.0f tok/s, elapsed %s\n",
                 (long long)epoch, r.train_loss, r.val_loss, r.val_bleu, r.seconds, r.tokens_per_s,
                 clock(seconds_since(run_start)).c_str());
@@ -253,6 +263,19 @@ TranslationResult train_translation(const TranslationOptions& o) {
                     {train_loss, val_loss, val_bleu});
   }
 
+  if (o.average > 1) {
+    std::vector<std::string> paths;
+    for (int64_t e = std::max<int64_t>(1, o.epochs - o.average + 1); e <= o.epochs; ++e) {
+      std::string p = fmt::format("{}/model.epoch{}.safetensors", o.out_dir, e);
+      if (std::ifstream(p).good()) paths.push_back(p);
+    }
+    if (paths.size() > 1) {
+      model.load_state_dict(average_checkpoints(paths));
+      model.save(o.out_dir + "/model.avg.safetensors", {{"config", o.config}, {"averaged", std::to_string(paths.size())}});
+      result.averaged = static_cast<int64_t>(paths.size());
+      std::printf("averaged the weights of the last %zu epoch checkpoints\n", paths.size());
+    }
+  }
   auto test_src = head(test.src, o.eval_limit), test_ref = head(test.tgt, o.eval_limit);
   auto hyps = translate_all(model, sp, test_src, o.beam, o.alpha);
   auto score = corpus_bleu(hyps, test_ref);
@@ -263,6 +286,26 @@ TranslationResult train_translation(const TranslationOptions& o) {
   for (size_t i = 0; i < std::min<size_t>(5, hyps.size()); ++i)
     std::printf("  src: %s\n  ref: %s\n  hyp: %s\n", test_src[i].c_str(), test_ref[i].c_str(), hyps[i].c_str());
   return result;
+}
+
+std::map<std::string, Tensor> average_checkpoints(const std::vector<std::string>& paths) {
+  TP_CHECK(!paths.empty(), "average_checkpoints: no checkpoints given");
+  std::map<std::string, Tensor> sum;
+  for (const auto& [name, t] : nn::load_safetensors(paths[0]).tensors) sum[name] = t.to(DType::Float64);
+  for (size_t i = 1; i < paths.size(); ++i) {
+    auto next = nn::load_safetensors(paths[i]).as_map();
+    TP_CHECK(next.size() == sum.size(), "average_checkpoints: {} holds {} tensors but {} holds {}", paths[i],
+             next.size(), paths[0], sum.size());
+    for (auto& [name, acc] : sum) {
+      auto it = next.find(name);
+      TP_CHECK(it != next.end() && it->second.sizes() == acc.sizes(),
+               "average_checkpoints: {} has no tensor '{}' of shape {}", paths[i], name, acc.sizes());
+      acc.add_(it->second.to(DType::Float64));
+    }
+  }
+  std::map<std::string, Tensor> out;
+  for (auto& [name, acc] : sum) out[name] = (acc / static_cast<double>(paths.size())).to(DType::Float32);
+  return out;
 }
 
 std::vector<std::string> translate(const std::string& dir, const std::vector<std::string>& sources, int64_t beam,

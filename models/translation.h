@@ -5,7 +5,10 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <map>
 #include <vector>
+
+#include "ops/tensor.h"
 
 namespace tapestry::models {
 
@@ -31,6 +34,8 @@ struct TranslationOptions {
   bool resume = false;       // continue from out_dir's checkpoint, exactly (Note [Exact resume])
   int64_t save_every = 0;    // also checkpoint every N steps (0: at the end of each epoch only)
   int64_t stop_after = 0;    // stop after N steps, right after a checkpoint (tests interruption)
+  int64_t keep = 5;          // keep the last K epoch checkpoints (model.epochE.safetensors)
+  int64_t average = 0;       // before the test, average the weights of the last N epoch checkpoints
 };
 
 struct EpochResult {
@@ -43,7 +48,14 @@ struct TranslationResult {
   double test_bleu = 0;
   std::string test_bleu_line;
   bool stopped = false;  // stop_after cut the run short
+  double best_val_bleu = -1;
+  int64_t best_epoch = 0;
+  int64_t averaged = 0;  // how many checkpoints were averaged for the test (0: none)
 };
+
+// The element-wise mean of the parameters in `paths` (safetensors files of one model), as the
+// paper averages its last checkpoints. Throws naming the file whose tensors do not match.
+std::map<std::string, Tensor> average_checkpoints(const std::vector<std::string>& paths);
 
 TranslationResult train_translation(const TranslationOptions& options);
 

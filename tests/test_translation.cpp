@@ -100,7 +100,8 @@ TEST_CASE("two epochs on a 1000-pair corpus: the loss falls, checkpoints are wri
   CHECK(error_of([&] { models::translate(dir + "/nothing", src); }).find("model.safetensors not found") !=
         std::string::npos);
   for (const char* f : {"train.de", "train.en", "val.de", "val.en", "test_2016_flickr.de", "test_2016_flickr.en",
-                        "run/model.safetensors", "run/optimizer.safetensors", "run/spm.model", "run/curves.svg"})
+                        "run/model.safetensors", "run/optimizer.safetensors", "run/spm.model", "run/curves.svg",
+                        "run/model.best.safetensors", "run/model.epoch1.safetensors", "run/model.epoch2.safetensors"})
     std::remove((dir + "/" + f).c_str());
   ::rmdir((dir + "/run").c_str());
   ::rmdir(dir.c_str());
@@ -143,12 +144,44 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
     INFO(name);
     CHECK(values(t) == values(b.at(name)));
   }
+  // Keep the last K epoch checkpoints, the best one, and average the last N for the test.
+  CHECK(std::ifstream(dir + "/straight/model.epoch1.safetensors").good());
+  CHECK(std::ifstream(dir + "/straight/model.best.safetensors").good());
+  auto avg = models::average_checkpoints({dir + "/straight/model.epoch1.safetensors", dir + "/straight/model.epoch2.safetensors"});
+  auto e1 = nn::load_safetensors(dir + "/straight/model.epoch1.safetensors").as_map();
+  auto e2 = nn::load_safetensors(dir + "/straight/model.epoch2.safetensors").as_map();
+  for (auto& [name, t] : avg) {
+    INFO(name);
+    CHECK(allclose(t, (e1.at(name) + e2.at(name)) * 0.5, 1e-6, 1e-7));
+  }
+  CHECK(error_of([&] { models::average_checkpoints({dir + "/straight/model.epoch1.safetensors", dir + "/straight/optimizer.safetensors"}); })
+            .find("average_checkpoints:") != std::string::npos);
+  {
+    models::TranslationOptions k = o;
+    k.out_dir = dir + "/keep";
+    k.epochs = 3;
+    k.keep = 2;
+    k.average = 2;
+    k.resume = false;
+    auto r = models::train_translation(k);
+    CHECK(r.averaged == 2);
+    CHECK_FALSE(std::ifstream(dir + "/keep/model.epoch1.safetensors").good());
+    CHECK(std::ifstream(dir + "/keep/model.epoch2.safetensors").good());
+    CHECK(std::ifstream(dir + "/keep/model.epoch3.safetensors").good());
+    CHECK(std::ifstream(dir + "/keep/model.avg.safetensors").good());
+    CHECK(r.best_epoch >= 1);
+    for (const char* f : {"model.safetensors", "optimizer.safetensors", "spm.model", "curves.svg", "model.epoch2.safetensors",
+                          "model.epoch3.safetensors", "model.avg.safetensors", "model.best.safetensors"})
+      std::remove((dir + "/keep/" + f).c_str());
+    ::rmdir((dir + "/keep").c_str());
+  }
   // A checkpoint of another config is refused with a clear message.
   o.config = "small";
   CHECK(error_of([&] { models::train_translation(o); }).find("holds a 'tiny' model but --config is 'small'") !=
         std::string::npos);
   for (const char* run : {"straight", "interrupted"})
-    for (const char* f : {"model.safetensors", "optimizer.safetensors", "spm.model", "curves.svg"})
+    for (const char* f : {"model.safetensors", "optimizer.safetensors", "spm.model", "curves.svg", "model.best.safetensors",
+                          "model.epoch1.safetensors", "model.epoch2.safetensors"})
       std::remove((dir + "/" + run + "/" + f).c_str());
   for (const char* run : {"straight", "interrupted"}) ::rmdir((dir + "/" + run).c_str());
   for (const char* f : {"train.de", "train.en", "val.de", "val.en", "test_2016_flickr.de", "test_2016_flickr.en"})

@@ -16,6 +16,7 @@ else
     libcli11-dev             # the command line
     zlib1g-dev               # reading .gz corpora
     libsentencepiece-dev     # subwords
+    curl                     # tools/get-multi30k.sh
   )
 fi
 

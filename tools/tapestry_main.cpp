@@ -84,6 +84,9 @@ int main(int argc, char** argv) {
   train->add_option("--label-smoothing", mt.label_smoothing, "multi30k: label smoothing")->capture_default_str();
   train->add_flag("--resume", mt.resume, "multi30k: continue exactly from the checkpoint in --out");
   train->add_option("--save-every", mt.save_every, "multi30k: also checkpoint every N steps")->check(kPositive);
+  train->add_option("--keep", mt.keep, "multi30k: keep the last K epoch checkpoints")->check(kPositive)->capture_default_str();
+  train->add_option("--average", mt.average, "multi30k: average the last N epoch checkpoints before the test")
+      ->check(kPositive);
   bool post_norm = false;
   train->add_flag("--post-norm", post_norm, "the paper's post-norm layers (default: pre-norm, as the Annotated Transformer)");
   train->add_option("--threads", threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);

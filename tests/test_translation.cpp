@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "models/subword.h"
@@ -36,6 +37,24 @@ void write_corpus(const std::string& dir, const std::string& split, int n, uint6
     en << t << " .\n";
   }
 }
+// A fresh directory holding a synthetic train/val/test corpus, and tiny-model options for it.
+models::TranslationOptions synthetic_task(const std::string& name, int train, int val, int test, uint64_t seed) {
+  std::string dir = fmt::format("/tmp/tapestry_test_{}_{}", ::getpid(), name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  write_corpus(dir, "train", train, seed);
+  write_corpus(dir, "val", val, seed + 1);
+  write_corpus(dir, "test_2016_flickr", test, seed + 2);
+  models::TranslationOptions o;
+  o.data_dir = dir;
+  o.out_dir = dir + "/run";
+  o.config = "tiny";
+  o.vocab_size = 80;
+  o.max_tokens = 512;
+  o.epochs = 2;
+  o.progress = false;
+  return o;
+}
 }  // namespace
 
 TEST_CASE("subwords: train, encode, decode round trip") {
@@ -58,21 +77,10 @@ TEST_CASE("subwords: train, encode, decode round trip") {
 }
 
 TEST_CASE("two epochs on a 1000-pair corpus: the loss falls, checkpoints are written") {
-  std::string dir = fmt::format("/tmp/tapestry_test_{}_mt", ::getpid());
-  ::mkdir(dir.c_str(), 0755);
-  write_corpus(dir, "train", 1000, 1);
-  write_corpus(dir, "val", 60, 2);
-  write_corpus(dir, "test_2016_flickr", 40, 3);
-  models::TranslationOptions o;
-  o.data_dir = dir;
-  o.out_dir = dir + "/run";
-  o.config = "tiny";
-  o.vocab_size = 80;
-  o.max_tokens = 512;
-  o.epochs = 2;
+  models::TranslationOptions o = synthetic_task("mt", 1000, 60, 40, 1);
+  const std::string dir = o.data_dir;
   o.warmup = 50;
   o.beam = 2;
-  o.progress = false;
   auto r = models::train_translation(o);
   REQUIRE(r.epochs.size() == 2);
   MESSAGE("train loss ", r.epochs[0].train_loss, " -> ", r.epochs[1].train_loss, ", val loss ", r.epochs[0].val_loss,
@@ -99,29 +107,14 @@ TEST_CASE("two epochs on a 1000-pair corpus: the loss falls, checkpoints are wri
   MESSAGE("translations: '", beam[0], "', '", beam[1], "'");
   CHECK(error_of([&] { models::translate(dir + "/nothing", src); }).find("model.safetensors not found") !=
         std::string::npos);
-  for (const char* f : {"train.de", "train.en", "val.de", "val.en", "test_2016_flickr.de", "test_2016_flickr.en",
-                        "run/model.safetensors", "run/optimizer.safetensors", "run/spm.model", "run/curves.svg",
-                        "run/model.best.safetensors", "run/model.epoch1.safetensors", "run/model.epoch2.safetensors"})
-    std::remove((dir + "/" + f).c_str());
-  ::rmdir((dir + "/run").c_str());
-  ::rmdir(dir.c_str());
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterrupted one does, to the bit") {
-  std::string dir = fmt::format("/tmp/tapestry_test_{}_resume", ::getpid());
-  ::mkdir(dir.c_str(), 0755);
-  write_corpus(dir, "train", 600, 4);
-  write_corpus(dir, "val", 30, 5);
-  write_corpus(dir, "test_2016_flickr", 20, 6);
-  models::TranslationOptions o;
-  o.data_dir = dir;
-  o.config = "tiny";
-  o.vocab_size = 80;
-  o.max_tokens = 512;
-  o.epochs = 2;
+  models::TranslationOptions o = synthetic_task("resume", 600, 30, 20, 4);
+  const std::string dir = o.data_dir;
   o.warmup = 30;
   o.beam = 1;
-  o.progress = false;
 
   o.out_dir = dir + "/straight";
   auto straight = models::train_translation(o);
@@ -170,21 +163,10 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
     CHECK(std::ifstream(dir + "/keep/model.epoch3.safetensors").good());
     CHECK(std::ifstream(dir + "/keep/model.avg.safetensors").good());
     CHECK(r.best_epoch >= 1);
-    for (const char* f : {"model.safetensors", "optimizer.safetensors", "spm.model", "curves.svg", "model.epoch2.safetensors",
-                          "model.epoch3.safetensors", "model.avg.safetensors", "model.best.safetensors"})
-      std::remove((dir + "/keep/" + f).c_str());
-    ::rmdir((dir + "/keep").c_str());
   }
   // A checkpoint of another config is refused with a clear message.
   o.config = "small";
   CHECK(error_of([&] { models::train_translation(o); }).find("holds a 'tiny' model but --config is 'small'") !=
         std::string::npos);
-  for (const char* run : {"straight", "interrupted"})
-    for (const char* f : {"model.safetensors", "optimizer.safetensors", "spm.model", "curves.svg", "model.best.safetensors",
-                          "model.epoch1.safetensors", "model.epoch2.safetensors"})
-      std::remove((dir + "/" + run + "/" + f).c_str());
-  for (const char* run : {"straight", "interrupted"}) ::rmdir((dir + "/" + run).c_str());
-  for (const char* f : {"train.de", "train.en", "val.de", "val.en", "test_2016_flickr.de", "test_2016_flickr.en"})
-    std::remove((dir + "/" + f).c_str());
-  ::rmdir(dir.c_str());
+  std::filesystem::remove_all(dir);
 }

@@ -63,6 +63,11 @@ std::vector<std::string> Subword::pieces(const std::string& text) const {
   return p;
 }
 
+std::string Subword::piece(int64_t id) const {
+  TP_CHECK(id >= 0 && id < vocab_size(), "subword: id {} is outside the vocabulary of {}", id, vocab_size());
+  return sp_->IdToPiece(static_cast<int>(id));
+}
+
 int64_t Subword::vocab_size() const { return sp_->GetPieceSize(); }
 
 }  // namespace tapestry::models

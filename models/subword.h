@@ -24,6 +24,7 @@ class Subword {
   std::vector<int64_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int64_t>& ids) const;  // drops the special ids
   std::vector<std::string> pieces(const std::string& text) const;
+  std::string piece(int64_t id) const;  // the piece an id stands for ("<s>", "</s>" for bos, eos)
   int64_t vocab_size() const;
 
  private:

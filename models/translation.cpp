@@ -103,9 +103,54 @@ std::vector<std::string> head(const std::vector<std::string>& v, int64_t limit) 
   return limit > 0 && static_cast<size_t>(limit) < v.size() ? std::vector<std::string>(v.begin(), v.begin() + limit) : v;
 }
 
+std::string toml_string(const std::string& v) {
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string toml_number(double v) {
+  std::string s = fmt::format("{}", v);
+  return s.find_first_of(".en") == std::string::npos ? s + ".0" : s;  // a TOML float has a point or exponent
+}
+
 }  // namespace
 
+std::string options_to_toml(const TranslationOptions& o) {
+  std::string t = "# tapestry train: read back with `tapestry train --config-file FILE`; flags override it\n";
+  auto line = [&](const char* key, const std::string& value) { t += fmt::format("{} = {}\n", key, value); };
+  line("task", toml_string("multi30k"));
+  line("data", toml_string(o.data_dir.empty() ? default_data_dir() : o.data_dir));
+  line("out", toml_string(o.out_dir));
+  line("config", toml_string(o.config));
+  line("norm", toml_string(o.pre_norm ? "pre" : "post"));
+  line("vocab-size", std::to_string(o.vocab_size));
+  line("max-tokens", std::to_string(o.max_tokens));
+  line("accumulate", std::to_string(o.accumulate));
+  line("epochs", std::to_string(o.epochs));
+  line("warmup", std::to_string(o.warmup));
+  line("lr-factor", toml_number(o.lr_factor));
+  line("label-smoothing", toml_number(o.label_smoothing));
+  line("dropout", toml_number(o.dropout));
+  line("clip-norm", toml_number(o.clip_norm));
+  line("seed", std::to_string(o.seed));
+  line("limit", std::to_string(o.limit));
+  line("eval-limit", std::to_string(o.eval_limit));
+  line("beam", std::to_string(o.beam));
+  line("alpha", toml_number(o.alpha));
+  line("save-every", std::to_string(o.save_every));
+  line("keep", std::to_string(o.keep));
+  line("average", std::to_string(o.average));
+  line("threads", std::to_string(o.threads));
+  return t;
+}
+
 TranslationResult train_translation(const TranslationOptions& o) {
+  TP_CHECK(o.accumulate >= 1, "train: --accumulate must be at least 1, got {}", o.accumulate);
+  TP_CHECK(o.clip_norm >= 0, "train: --clip-norm must be >= 0 (0: no clipping), got {}", o.clip_norm);
   const std::string dir = o.data_dir.empty() ? default_data_dir() : o.data_dir;
   ParallelCorpus train = load_parallel(dir, o.train_split, o.src_lang, o.tgt_lang);
   ParallelCorpus val = load_parallel(dir, o.val_split, o.src_lang, o.tgt_lang);
@@ -114,6 +159,9 @@ TranslationResult train_translation(const TranslationOptions& o) {
   struct stat st{};
   TP_CHECK(::stat(o.out_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "train: cannot create the output directory {}",
            o.out_dir);
+  const std::string config_toml = options_to_toml(o);
+  nn::write_file_atomic(o.out_dir + "/config.toml", config_toml);
+  std::printf("config (saved as %s/config.toml):\n%s", o.out_dir.c_str(), config_toml.c_str());
   manual_seed(o.seed);
 
   // Joint subword model on both sides of the (possibly limited) training text.
@@ -135,15 +183,17 @@ TranslationResult train_translation(const TranslationOptions& o) {
   cfg.share_embeddings = true;
   cfg.dropout = o.dropout;
   cfg.pad_id = Subword::kPad;
+  cfg.pre_norm = o.pre_norm;
   Transformer model(cfg);
   optim::AdamOptions ao;
   ao.beta1 = 0.9, ao.beta2 = 0.98, ao.eps = 1e-9;
   optim::Adam adam(model.parameters(), ao);
   optim::NoamSchedule schedule(cfg.d_model, o.warmup, o.lr_factor);
   std::printf("train: %s %s-%s, %zu training pairs, vocabulary %lld (joint SentencePiece), config %s (%lld "
-              "parameters), batches of <= %lld tokens, %lld epochs, Noam warmup %lld x %.2f\n",
+              "parameters, %s-norm), batches of <= %lld tokens x %lld, %lld epochs, Noam warmup %lld x %.2f\n",
               dir.c_str(), o.src_lang.c_str(), o.tgt_lang.c_str(), tr.src.size(), (long long)V, o.config.c_str(),
-              (long long)model.num_parameters(), (long long)o.max_tokens, (long long)o.epochs, (long long)o.warmup,
+              (long long)model.num_parameters(), o.pre_norm ? "pre" : "post", (long long)o.max_tokens,
+              (long long)o.accumulate, (long long)o.epochs, (long long)o.warmup,
               o.lr_factor);
   std::fflush(stdout);
 
@@ -164,6 +214,7 @@ TranslationResult train_translation(const TranslationOptions& o) {
   auto save_checkpoint = [&](int64_t epoch, int64_t next_batch, double loss_sum, int64_t tokens) {
     adam.save(opt_path);
     model.save(model_path, {{"config", o.config},
+                            {"pre_norm", o.pre_norm ? "1" : "0"},
                             {"vocab_size", std::to_string(V)},
                             {"epoch", std::to_string(epoch)},
                             {"next_batch", std::to_string(next_batch)},
@@ -181,6 +232,8 @@ TranslationResult train_translation(const TranslationOptions& o) {
     };
     TP_CHECK(meta("config") == o.config, "resume: {} holds a '{}' model but --config is '{}'", model_path,
              meta("config"), o.config);
+    TP_CHECK(meta("pre_norm") == (o.pre_norm ? "1" : "0"), "resume: {} holds a {}-norm model but the options ask for "
+             "{}-norm", model_path, meta("pre_norm") == "1" ? "pre" : "post", o.pre_norm ? "pre" : "post");
     model.load_state_dict(file.as_map());
     adam.load(opt_path);
     step = std::stoll(meta("step"));
@@ -202,27 +255,45 @@ TranslationResult train_translation(const TranslationOptions& o) {
     double loss_sum = resumed_here ? resumed_loss_sum : 0;
     int64_t tokens = resumed_here ? resumed_tokens : 0;
     model.train();
-    for (size_t i = resumed_here ? static_cast<size_t>(start_batch) : 0; i < plan.size(); ++i) {
-      Batch b = train_batches.make(plan[i]);
+    // One optimizer step per group of `accumulate` batches: each batch's mean loss is weighted by
+    // its share of the group's target tokens, so the summed gradient is that of the group's mean
+    // token loss, as one batch of the group's size would give.
+    const size_t group = static_cast<size_t>(o.accumulate);
+    for (size_t i = resumed_here ? static_cast<size_t>(start_batch) : 0; i < plan.size();) {
+      const size_t end = std::min(plan.size(), i + group);
+      std::vector<Batch> batches;
+      int64_t group_tokens = 0;
+      for (size_t j = i; j < end; ++j) {
+        batches.push_back(train_batches.make(plan[j]));
+        group_tokens += batches.back().tgt_tokens;
+      }
       schedule.apply(adam, ++step);
-      Tensor loss = model.loss(b.src, b.tgt_in, b.tgt_out, o.label_smoothing);
-      loss.backward();
+      for (const Batch& b : batches) {
+        Tensor loss = model.loss(b.src, b.tgt_in, b.tgt_out, o.label_smoothing);
+        loss_sum += loss.item<double>() * static_cast<double>(b.tgt_tokens);
+        tokens += b.tgt_tokens;
+        if (batches.size() == 1) {
+          loss.backward();
+        } else {
+          (loss * (static_cast<double>(b.tgt_tokens) / static_cast<double>(group_tokens))).backward();
+        }
+      }
+      if (o.clip_norm > 0) optim::clip_grad_norm(model.parameters(), o.clip_norm);
       adam.step();
       adam.zero_grad();
-      loss_sum += loss.item<double>() * static_cast<double>(b.tgt_tokens);
-      tokens += b.tgt_tokens;
-      if (o.save_every > 0 && step % o.save_every == 0 && i + 1 < plan.size())
-        save_checkpoint(epoch, static_cast<int64_t>(i + 1), loss_sum, tokens);
+      i = end;
+      if (o.save_every > 0 && step % o.save_every == 0 && i < plan.size())
+        save_checkpoint(epoch, static_cast<int64_t>(i), loss_sum, tokens);
       if (o.stop_after > 0 && step == o.stop_after) {  // tests: an interruption right after a checkpoint
-        save_checkpoint(epoch, static_cast<int64_t>(i + 1), loss_sum, tokens);
+        save_checkpoint(epoch, static_cast<int64_t>(i), loss_sum, tokens);
         result.stopped = true;
         return result;
       }
       if (o.progress) {
         double el = seconds_since(t0);
-        progress_line(epoch, static_cast<int64_t>(i + 1), static_cast<int64_t>(plan.size()),
+        progress_line(epoch, static_cast<int64_t>(i), static_cast<int64_t>(plan.size()),
                       loss_sum / static_cast<double>(tokens), static_cast<double>(tokens) / el, adam.lr(),
-                      el / static_cast<double>(i + 1) * static_cast<double>(plan.size() - i - 1), tty);
+                      el / static_cast<double>(i) * static_cast<double>(plan.size() - i), tty);
       }
     }
     EpochResult r;
@@ -237,13 +308,16 @@ TranslationResult train_translation(const TranslationOptions& o) {
     save_checkpoint(epoch, static_cast<int64_t>(plan.size()), loss_sum, tokens);
     // Per-epoch copies: the last `keep` stay (for averaging), and the best on val BLEU.
     const std::string epoch_path = fmt::format("{}/model.epoch{}.safetensors", o.out_dir, epoch);
-    model.save(epoch_path, {{"config", o.config}, {"epoch", std::to_string(epoch)}});
+    model.save(epoch_path, {{"config", o.config}, {"pre_norm", o.pre_norm ? "1" : "0"}, {"epoch", std::to_string(epoch)}});
     if (epoch - o.keep >= 1) std::remove(fmt::format("{}/model.epoch{}.safetensors", o.out_dir, epoch - o.keep).c_str());
     if (r.val_bleu > result.best_val_bleu) {
       result.best_val_bleu = r.val_bleu;
       result.best_epoch = epoch;
       model.save(o.out_dir + "/model.best.safetensors",
-                 {{"config", o.config}, {"epoch", std::to_string(epoch)}, {"val_bleu", fmt::format("{:.2f}", r.val_bleu)}});
+                 {{"config", o.config},
+                  {"pre_norm", o.pre_norm ? "1" : "0"},
+                  {"epoch", std::to_string(epoch)},
+                  {"val_bleu", fmt::format("{:.2f}", r.val_bleu)}});
     }
     std::printf("epoch %lld: train loss %.3f, val loss %.3f, val BLEU %.2f (greedy), %.0f s, %.0f tok/s, elapsed %s\n",
                 (long long)epoch, r.train_loss, r.val_loss, r.val_bleu, r.seconds, r.tokens_per_s,
@@ -271,7 +345,8 @@ TranslationResult train_translation(const TranslationOptions& o) {
     }
     if (paths.size() > 1) {
       model.load_state_dict(average_checkpoints(paths));
-      model.save(o.out_dir + "/model.avg.safetensors", {{"config", o.config}, {"averaged", std::to_string(paths.size())}});
+      model.save(o.out_dir + "/model.avg.safetensors",
+                 {{"config", o.config}, {"pre_norm", o.pre_norm ? "1" : "0"}, {"averaged", std::to_string(paths.size())}});
       result.averaged = static_cast<int64_t>(paths.size());
       std::printf("averaged the weights of the last %zu epoch checkpoints\n", paths.size());
     }
@@ -308,21 +383,34 @@ std::map<std::string, Tensor> average_checkpoints(const std::vector<std::string>
   return out;
 }
 
-std::vector<std::string> translate(const std::string& dir, const std::vector<std::string>& sources, int64_t beam,
-                                   double alpha) {
-  const std::string model_path = dir + "/model.safetensors", spm_path = dir + "/spm.model";
-  TP_CHECK(std::ifstream(model_path).good(), "translate: {} not found (train with `tapestry train --task multi30k --out "
-           "{}`)", model_path, dir);
-  Subword sp(spm_path);
-  auto file = nn::load_safetensors(model_path);
+Translator load_translator(const std::string& dir, const std::string& weights) {
+  Translator t;
+  if (!weights.empty()) {
+    t.weights_path = weights.find('/') == std::string::npos ? dir + "/" + weights : weights;
+  } else {
+    t.weights_path = std::ifstream(dir + "/model.avg.safetensors").good() ? dir + "/model.avg.safetensors"
+                                                                          : dir + "/model.safetensors";
+  }
+  TP_CHECK(std::ifstream(t.weights_path).good(), "{} not found (train with `tapestry train --task multi30k --out {}`)",
+           t.weights_path, dir);
+  t.subword = std::make_unique<Subword>(dir + "/spm.model");
+  auto file = nn::load_safetensors(t.weights_path);
   auto it = file.metadata.find("config");
-  TP_CHECK(it != file.metadata.end(), "translate: {} records no config", model_path);
-  TransformerConfig cfg = TransformerConfig::named(it->second, sp.vocab_size(), sp.vocab_size());
+  TP_CHECK(it != file.metadata.end(), "{} records no config (not written by tapestry train)", t.weights_path);
+  const int64_t V = t.subword->vocab_size();
+  TransformerConfig cfg = TransformerConfig::named(it->second, V, V);
   cfg.share_embeddings = true;
   cfg.pad_id = Subword::kPad;
-  Transformer model(cfg);
-  model.load_state_dict(file.as_map());
-  return translate_all(model, sp, sources, beam, alpha);
+  auto norm = file.metadata.find("pre_norm");
+  cfg.pre_norm = norm != file.metadata.end() && norm->second == "1";
+  t.model = std::make_unique<Transformer>(cfg);
+  t.model->load_state_dict(file.as_map());
+  t.model->eval();
+  return t;
+}
+
+std::vector<std::string> translate(Translator& t, const std::vector<std::string>& sources, int64_t beam, double alpha) {
+  return translate_all(*t.model, *t.subword, sources, beam, alpha);
 }
 
 }  // namespace tapestry::models

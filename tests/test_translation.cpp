@@ -52,6 +52,7 @@ models::TranslationOptions synthetic_task(const std::string& name, int train, in
   o.vocab_size = 80;
   o.max_tokens = 512;
   o.epochs = 2;
+  o.average = 0;
   o.progress = false;
   return o;
 }
@@ -100,13 +101,48 @@ TEST_CASE("two epochs on a 1000-pair corpus: the loss falls, checkpoints are wri
   CHECK(r.test_bleu_line.rfind("BLEU = ", 0) == 0);
   // The checkpoint translates on its own, and greedy equals beam 1.
   std::vector<std::string> src = {"ein Hund läuft im Park .", "ein Mann spielt mit Ball ."};
-  auto beam = models::translate(dir + "/run", src, 3);
-  auto greedy = models::translate(dir + "/run", src, 1);
+  auto translator = models::load_translator(dir + "/run");
+  CHECK(translator.weights_path == dir + "/run/model.safetensors");
+  auto beam = models::translate(translator, src, 3);
+  auto greedy = models::translate(translator, src, 1);
   CHECK(beam.size() == 2);
   CHECK(greedy.size() == 2);
   MESSAGE("translations: '", beam[0], "', '", beam[1], "'");
-  CHECK(error_of([&] { models::translate(dir + "/nothing", src); }).find("model.safetensors not found") !=
+  CHECK(error_of([&] { models::load_translator(dir + "/nothing"); }).find("model.safetensors not found") !=
         std::string::npos);
+  CHECK(error_of([&] { models::load_translator(dir + "/run", "model.epoch9.safetensors"); })
+            .find("run/model.epoch9.safetensors not found") != std::string::npos);
+  // The options were printed and saved as TOML beside the checkpoints.
+  std::ifstream toml(dir + "/run/config.toml");
+  std::string config((std::istreambuf_iterator<char>(toml)), std::istreambuf_iterator<char>());
+  CHECK(config == models::options_to_toml(o));
+  CHECK(config.find("\nmax-tokens = 512\n") != std::string::npos);
+  CHECK(config.find("\nconfig = \"tiny\"\n") != std::string::npos);
+  CHECK(config.find("\nlabel-smoothing = 0.1\n") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("gradient accumulation, clipping and pre-norm: fewer optimizer steps, the loss still falls") {
+  models::TranslationOptions o = synthetic_task("accumulate", 600, 30, 20, 2);
+  const std::string dir = o.data_dir;
+  o.warmup = 30;
+  o.beam = 1;
+  o.max_tokens = 256;
+  auto single = models::train_translation(o);
+  o.out_dir = dir + "/accumulated";
+  o.accumulate = 3;
+  o.clip_norm = 1.0;
+  o.pre_norm = true;
+  auto accumulated = models::train_translation(o);
+  REQUIRE(accumulated.epochs.size() == 2);
+  // Same batches, one optimizer step per three of them (the last group of an epoch may be short).
+  const int64_t batches = single.epochs[0].steps;
+  CHECK(accumulated.epochs[0].steps == (batches + 2) / 3);
+  CHECK(accumulated.epochs[1].train_loss < accumulated.epochs[0].train_loss);
+  auto t = models::load_translator(o.out_dir);
+  CHECK(t.model->config.pre_norm);
+  o.accumulate = 0;
+  CHECK(error_of([&] { models::train_translation(o); }).find("--accumulate must be at least 1") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
@@ -115,6 +151,9 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
   const std::string dir = o.data_dir;
   o.warmup = 30;
   o.beam = 1;
+  o.max_tokens = 256;
+  o.accumulate = 2;  // the checkpoint falls between groups of batches
+  o.clip_norm = 1.0;
 
   o.out_dir = dir + "/straight";
   auto straight = models::train_translation(o);

@@ -1,10 +1,12 @@
 // The tapestry command line (CLI11): `train --task copy`, `bench`, `bleu`. Bad flags print one
 // clear line and exit non-zero.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 
 #include <iostream>
 
+#include "models/attention_map.h"
 #include "models/bleu.h"
 #include "models/copy_task.h"
 #include "models/text.h"
@@ -46,6 +48,30 @@ int run_copy(const models::CopyTaskOptions& o) {
   return 1;
 }
 
+// CLI11 2.1 reads config files for the main app only, so train's --config-file is turned into
+// `--key=value` arguments here (TOML through CLI11's own reader), to be placed before the
+// command line's. Keys are train's flag names; an unknown key or a section is an error.
+std::vector<std::string> config_file_args(const CLI::App& train, const std::string& path) {
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = CLI::ConfigTOML().from_file(path);
+  } catch (const CLI::Error& e) {
+    throw Error(fmt::format("--config-file {}: {}", path, e.what()));
+  }
+  std::vector<std::string> args;
+  for (const auto& item : items) {
+    if (item.name == "++" || item.name == "--") continue;  // section markers
+    TP_CHECK(item.parents.empty(), "--config-file {}: '{}' is in a section; write `key = value` at the top level",
+             path, item.fullname());
+    TP_CHECK(item.name != "config-file", "--config-file {}: a config file cannot name another", path);
+    TP_CHECK(train.get_option_no_throw("--" + item.name) != nullptr,
+             "--config-file {}: unknown option '{}' (the keys are the flag names of `tapestry train --help`)", path,
+             item.name);
+    for (const auto& value : item.inputs) args.push_back("--" + item.name + "=" + value);
+  }
+  return args;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -54,42 +80,67 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
 
   auto* train = app.add_subcommand("train", "train a model");
+  // Repeated flags take the last value: a config file's options go first, so the command line wins.
+  train->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  std::string config_file;
+  train->add_option("--config-file", config_file,
+                    "read options from a TOML file of `flag = value` lines (a run's config.toml); flags override it");
   std::string task = "copy";
   train->add_option("--task", task, "copy (the Annotated Transformer's copy task) or multi30k (German to English)")
       ->check(CLI::IsMember({"copy", "multi30k"}))
       ->capture_default_str();
   models::CopyTaskOptions copy;
-  int threads = 0;
-  train->add_option("--steps", copy.max_steps, "maximum training steps")->capture_default_str()->check(kPositive);
-  train->add_option("--batch", copy.batch, "sequences per batch")->capture_default_str()->check(kPositive);
-  train->add_option("--d-model", copy.d_model, "model width")->capture_default_str()->check(kPositive);
-  train->add_option("--heads", copy.heads, "attention heads")->capture_default_str()->check(kPositive);
-  train->add_option("--d-ff", copy.d_ff, "feed-forward width")->capture_default_str()->check(kPositive);
-  train->add_option("--layers", copy.layers, "encoder and decoder layers")->capture_default_str()->check(kPositive);
-  train->add_option("--warmup", copy.warmup, "Noam warmup steps")->capture_default_str()->check(kPositive);
-  train->add_option("--seed", copy.seed, "random seed")->capture_default_str();
-  train->add_option("--lr-factor", copy.lr_factor, "Noam schedule factor")->capture_default_str();
   models::TranslationOptions mt;
-  train->add_option("--data", mt.data_dir, "multi30k: data directory (default: $TAPESTRY_DATA or ../shared/data/multi30k)");
-  train->add_option("--out", mt.out_dir, "multi30k: where the subword model and checkpoints go")->capture_default_str();
-  train->add_option("--config", mt.config, "multi30k: model size")
+  int threads = 0;
+  std::string norm;
+  // Shared by both tasks (their defaults differ: the task's own apply when the flag is absent).
+  train->add_option("--warmup", copy.warmup, "Noam warmup steps (copy 400, multi30k see README)")->check(kPositive);
+  train->add_option("--lr-factor", copy.lr_factor, "Noam schedule factor");
+  train->add_option("--seed", copy.seed, "random seed");
+  train->add_option("--norm", norm, "pre or post: where the layers put LayerNorm (copy: pre, multi30k: see README)")
+      ->check(CLI::IsMember({"pre", "post"}));
+  train->add_option("--threads", threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  auto* copy_group = train->add_option_group("copy task");
+  copy_group->add_option("--steps", copy.max_steps, "maximum training steps")->capture_default_str()->check(kPositive);
+  copy_group->add_option("--batch", copy.batch, "sequences per batch")->capture_default_str()->check(kPositive);
+  copy_group->add_option("--d-model", copy.d_model, "model width")->capture_default_str()->check(kPositive);
+  copy_group->add_option("--heads", copy.heads, "attention heads")->capture_default_str()->check(kPositive);
+  copy_group->add_option("--d-ff", copy.d_ff, "feed-forward width")->capture_default_str()->check(kPositive);
+  copy_group->add_option("--layers", copy.layers, "encoder and decoder layers")->capture_default_str()->check(kPositive);
+  auto* m = train->add_option_group("multi30k");
+  m->add_option("--data", mt.data_dir, "data directory (default: $TAPESTRY_DATA or ../shared/data/multi30k)");
+  m->add_option("--out", mt.out_dir, "where the subword model, config.toml and checkpoints go")->capture_default_str();
+  m->add_option("--config", mt.config, "model size")
       ->check(CLI::IsMember({"tiny", "small", "base", "big"}))
       ->capture_default_str();
-  train->add_option("--epochs", mt.epochs, "multi30k: epochs")->check(kPositive)->capture_default_str();
-  train->add_option("--limit", mt.limit, "multi30k: use only the first N training pairs")->check(kPositive);
-  train->add_option("--eval-limit", mt.eval_limit, "multi30k: score only the first N val/test sentences")->check(kPositive);
-  train->add_option("--max-tokens", mt.max_tokens, "multi30k: padded tokens per batch")->check(kPositive)->capture_default_str();
-  train->add_option("--vocab-size", mt.vocab_size, "multi30k: subword vocabulary")->check(kPositive)->capture_default_str();
-  train->add_option("--beam", mt.beam, "multi30k: beam size for the test set (1: greedy)")->check(kPositive)->capture_default_str();
-  train->add_option("--label-smoothing", mt.label_smoothing, "multi30k: label smoothing")->capture_default_str();
-  train->add_flag("--resume", mt.resume, "multi30k: continue exactly from the checkpoint in --out");
-  train->add_option("--save-every", mt.save_every, "multi30k: also checkpoint every N steps")->check(kPositive);
-  train->add_option("--keep", mt.keep, "multi30k: keep the last K epoch checkpoints")->check(kPositive)->capture_default_str();
-  train->add_option("--average", mt.average, "multi30k: average the last N epoch checkpoints before the test")
-      ->check(kPositive);
-  bool post_norm = false;
-  train->add_flag("--post-norm", post_norm, "the paper's post-norm layers (default: pre-norm, as the Annotated Transformer)");
-  train->add_option("--threads", threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  m->add_option("--epochs", mt.epochs, "epochs")->check(kPositive)->capture_default_str();
+  m->add_option("--limit", mt.limit, "use only the first N training pairs (0: all)")->check(CLI::NonNegativeNumber);
+  m->add_option("--eval-limit", mt.eval_limit, "score only the first N val/test sentences (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  m->add_option("--max-tokens", mt.max_tokens, "padded tokens per batch")->check(kPositive)->capture_default_str();
+  m->add_option("--accumulate", mt.accumulate, "batches per optimizer step (gradient accumulation)")
+      ->check(kPositive)
+      ->capture_default_str();
+  m->add_option("--vocab-size", mt.vocab_size, "subword vocabulary")->check(kPositive)->capture_default_str();
+  m->add_option("--dropout", mt.dropout, "dropout")->check(CLI::Range(0.0, 0.99))->capture_default_str();
+  m->add_option("--label-smoothing", mt.label_smoothing, "label smoothing")
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
+  m->add_option("--clip-norm", mt.clip_norm, "clip the gradient norm to this (0: no clipping)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  m->add_option("--beam", mt.beam, "beam size for the test set (1: greedy)")->check(kPositive)->capture_default_str();
+  m->add_option("--alpha", mt.alpha, "length penalty for the test set")->check(CLI::NonNegativeNumber)->capture_default_str();
+  m->add_flag("--resume", mt.resume, "continue exactly from the checkpoint in --out");
+  m->add_option("--save-every", mt.save_every, "also checkpoint every N steps (0: each epoch)")
+      ->check(CLI::NonNegativeNumber);
+  m->add_option("--keep", mt.keep, "keep the last K epoch checkpoints")->check(kPositive)->capture_default_str();
+  m->add_option("--average", mt.average, "average the last N epoch checkpoints before the test (0, 1: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  bool quick = false, print_config = false;
+  m->add_flag("--quick", quick, "the quick recipe: shows learning in under 10 minutes (see README)");
+  m->add_flag("--print-config", print_config, "print the options as TOML and exit");
 
   auto* bench = app.add_subcommand("bench", "time a named workload (see docs/benchmarks.md)");
   tools::BenchOptions bo;
@@ -118,19 +169,57 @@ int main(int argc, char** argv) {
   translate->add_option("--beam", tr_beam, "beam size")->check(kPositive)->capture_default_str();
   translate->add_option("--alpha", tr_alpha, "length penalty")->check(CLI::NonNegativeNumber)->capture_default_str();
   translate->add_flag("--greedy", tr_greedy, "greedy decoding instead of beam search");
+  std::string tr_weights;
+  translate->add_option("--weights", tr_weights,
+                        "weights file in the checkpoint directory (default: model.avg.safetensors if the run averaged, "
+                        "else model.safetensors)");
 
+  auto* attention = app.add_subcommand("attention", "heat maps of every attention head for one sentence (HTML/SVG)");
+  std::string at_dir, at_sentence, at_target, at_out = "attention.html", at_weights;
+  std::vector<int64_t> at_layers;
+  attention->add_option("--checkpoint", at_dir, "directory written by `train --task multi30k --out DIR`")->required();
+  attention->add_option("--sentence", at_sentence, "the source sentence")->required();
+  attention->add_option("--target", at_target, "the translation to attend along (default: the model's own, beam 4)");
+  attention->add_option("--layers", at_layers, "layer indices to draw (default: all)")->check(CLI::NonNegativeNumber);
+  attention->add_option("--out", at_out, "the HTML file to write")->capture_default_str();
+  attention->add_option("--weights", at_weights, "weights file in the checkpoint directory (as for translate)");
+
+  std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    app.parse(argc, argv);
+    app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 takes the arguments reversed
+    if (!config_file.empty()) {
+      auto from_file = config_file_args(*train, config_file);
+      args.insert(std::find(args.begin(), args.end(), "train") + 1, from_file.begin(), from_file.end());
+      app.parse(std::vector<std::string>(args.rbegin(), args.rend()));
+    }
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "tapestry: %s\n", e.what());
+    return 1;
   }
   try {
     if (threads > 0) set_num_threads(threads);
-    copy.pre_norm = !post_norm;
+    copy.pre_norm = norm != "post";
     if (*train && task == "multi30k") {
+      // The quick recipe changes the defaults only: flags and a config file still win.
+      auto preset = [&](const char* flag, auto& field, auto value) {
+        if (quick && train->count(flag) == 0) field = value;
+      };
+      preset("--epochs", mt.epochs, models::TranslationOptions::kQuickEpochs);
+      preset("--eval-limit", mt.eval_limit, models::TranslationOptions::kQuickEvalLimit);
+      preset("--beam", mt.beam, int64_t{1});
+      preset("--average", mt.average, int64_t{0});
+      if (quick && train->count("--out") == 0) mt.out_dir = "runs/multi30k-quick";
       if (train->count("--warmup")) mt.warmup = copy.warmup;
       if (train->count("--lr-factor")) mt.lr_factor = copy.lr_factor;
       if (train->count("--seed")) mt.seed = copy.seed;
+      if (!norm.empty()) mt.pre_norm = norm == "pre";
+      mt.threads = threads;
+      if (print_config) {
+        std::printf("%s", models::options_to_toml(mt).c_str());
+        return 0;
+      }
       models::train_translation(mt);
       return 0;
     }
@@ -138,8 +227,19 @@ int main(int argc, char** argv) {
     if (*bench) return tools::run_bench(bo);
     if (*translate) {
       auto lines = input_path.empty() ? models::read_lines(std::cin, "<stdin>") : models::read_lines(input_path);
-      for (const auto& out : models::translate(ckpt_dir, lines, tr_greedy ? 1 : tr_beam, tr_alpha))
+      auto translator = models::load_translator(ckpt_dir, tr_weights);
+      std::fprintf(stderr, "translate: %s, %s\n", translator.weights_path.c_str(),
+                   tr_greedy ? "greedy" : fmt::format("beam {}, alpha {}", tr_beam, tr_alpha).c_str());
+      for (const auto& out : models::translate(translator, lines, tr_greedy ? 1 : tr_beam, tr_alpha))
         std::printf("%s\n", out.c_str());
+      return 0;
+    }
+    if (*attention) {
+      auto translator = models::load_translator(at_dir, at_weights);
+      auto maps = models::attention_maps(translator, at_sentence, at_target, at_layers);
+      models::write_attention_html(at_out, maps);
+      std::printf("source:      %s\ntranslation: %s\nwrote %zu maps (every head of each) to %s\n", maps.source.c_str(),
+                  maps.translation.c_str(), maps.maps.size(), at_out.c_str());
       return 0;
     }
     if (*bleu) {

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# End to end on the first 1,000 Multi30k pairs through the command line: two epochs whose training
+# loss falls, then translate and attention from the checkpoint they leave.
+# Usage: tests/multi30k_slice.sh TAPESTRY_BINARY DATA_DIR
+set -euo pipefail
+bin=$1 data=$2
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+"$bin" train --task multi30k --data "$data" --out "$out/run" --limit 1000 --epochs 2 --config tiny --vocab-size 1000 \
+  --max-tokens 1024 --warmup 100 --eval-limit 40 --beam 1 --threads 2 | tee "$out/log"
+losses=($(sed -n 's/^epoch [0-9]*: train loss \([0-9.]*\),.*/\1/p' "$out/log"))
+[[ ${#losses[@]} -eq 2 ]] || { echo "expected two epoch lines, got ${#losses[@]}"; exit 1; }
+awk -v a="${losses[0]}" -v b="${losses[1]}" 'BEGIN { if (!(b < a)) { print "loss did not fall: " a " -> " b; exit 1 } }'
+grep -q '^norm = "post"$' "$out/run/config.toml"
+printf 'Ein Mann fährt Fahrrad.\nZwei Hunde spielen im Schnee.\n' | "$bin" translate --checkpoint "$out/run" --beam 2 > "$out/hyp"
+[[ $(wc -l < "$out/hyp") -eq 2 ]] || { echo "translate: expected 2 lines"; exit 1; }
+"$bin" attention --checkpoint "$out/run" --sentence "Ein Mann fährt Fahrrad." --layers 1 --out "$out/attn.html"
+grep -q "decoder-source attention, layer 1" "$out/attn.html"
+echo "multi30k slice: train loss ${losses[0]} -> ${losses[1]}; translate and attention ok"

@@ -30,7 +30,8 @@ std::string escape_xml(const std::string& s) {
 std::string head_svg(const float* w, const std::vector<std::string>& rows, const std::vector<std::string>& cols,
                      const std::string& title) {
   const int cell = 16, label = 90, top = 90;
-  const int width = label + cell * static_cast<int>(cols.size()) + 4;
+  // Room on the right for the last column labels, which lean right (about top / tan 60 degrees).
+  const int width = label + cell * static_cast<int>(cols.size()) + 60;
   const int height = top + cell * static_cast<int>(rows.size()) + 4;
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"monospace\" "
@@ -70,9 +71,19 @@ AttentionMaps attention_maps(Translator& t, const std::string& sentence, const s
 
   AttentionMaps out;
   out.source = sentence;
-  out.translation = target.empty() ? translate(t, {sentence}, 4, 0.6)[0] : target;
-  std::vector<int64_t> src_ids = sp.encode(sentence), tgt_ids = sp.encode(out.translation);
+  std::vector<int64_t> src_ids = sp.encode(sentence), tgt_ids;
   TP_CHECK(!src_ids.empty(), "attention: the sentence is empty");
+  const int64_t S = static_cast<int64_t>(src_ids.size());
+  if (target.empty()) {  // the model's own pieces (text would not always encode back to them)
+    DecodeOptions opt;
+    opt.bos = Subword::kBos, opt.eos = Subword::kEos;
+    tgt_ids = beam_search(model, tensor(src_ids, {1, S}), 4, 0.6, opt)[0].tokens;
+    if (!tgt_ids.empty() && tgt_ids.back() == Subword::kEos) tgt_ids.pop_back();
+    out.translation = sp.decode(tgt_ids);
+  } else {
+    tgt_ids = sp.encode(target);
+    out.translation = target;
+  }
   std::vector<int64_t> tgt_in = {Subword::kBos};
   tgt_in.insert(tgt_in.end(), tgt_ids.begin(), tgt_ids.end());
   std::vector<std::string> src_pieces, tgt_pieces;
@@ -90,7 +101,7 @@ AttentionMaps attention_maps(Translator& t, const std::string& sentence, const s
   {
     NoGradGuard no_grad;
     model.eval();
-    const int64_t S = static_cast<int64_t>(src_ids.size()), T = static_cast<int64_t>(tgt_in.size());
+    const int64_t T = static_cast<int64_t>(tgt_in.size());
     model.forward(tensor(src_ids, {1, S}), tensor(tgt_in, {1, T}));
   }
   for (auto& m : modules) m->keep_attention = false;

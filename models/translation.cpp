@@ -1,12 +1,12 @@
 // The translation training loop (see translation.h).
 #include "models/translation.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "models/bleu.h"
@@ -31,9 +31,10 @@ std::string clock(double s) {
   return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60) : fmt::format("{}:{:02}", t / 60, t % 60);
 }
 
-// One line redrawn in place on a terminal; on a pipe, a line every tenth of the epoch.
-void progress_line(int64_t epoch, int64_t done, int64_t total, double loss, double tok_s, double lr, double eta,
-                   bool tty) {
+// One line redrawn in place on a terminal; on a pipe, a line each time `done` (batches, moving
+// from `before`) crosses a tenth of the epoch.
+void progress_line(int64_t epoch, int64_t before, int64_t done, int64_t total, double loss, double tok_s, double lr,
+                   double eta, bool tty) {
   const int width = 24;
   int filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
   std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
@@ -42,7 +43,7 @@ void progress_line(int64_t epoch, int64_t done, int64_t total, double loss, doub
   if (tty) {
     std::fprintf(stderr, "\r%s", line.c_str());
     if (done == total) std::fprintf(stderr, "\n");
-  } else if (done == total || done % std::max<int64_t>(1, total / 10) == 0) {
+  } else if (done == total || done * 10 / std::max<int64_t>(total, 1) != before * 10 / std::max<int64_t>(total, 1)) {
     std::fprintf(stderr, "%s\n", line.c_str());
   }
 }
@@ -103,14 +104,7 @@ std::vector<std::string> head(const std::vector<std::string>& v, int64_t limit) 
   return limit > 0 && static_cast<size_t>(limit) < v.size() ? std::vector<std::string>(v.begin(), v.begin() + limit) : v;
 }
 
-std::string toml_string(const std::string& v) {
-  std::string out = "\"";
-  for (char c : v) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
+std::string toml_string(const std::string& v) { return "\"" + v + "\""; }  // options_to_toml checks v
 
 std::string toml_number(double v) {
   std::string s = fmt::format("{}", v);
@@ -120,6 +114,10 @@ std::string toml_number(double v) {
 }  // namespace
 
 std::string options_to_toml(const TranslationOptions& o) {
+  // CLI11's TOML reader unescapes nothing and ends a value at '#': such paths could not read back.
+  for (const std::string* path : {&o.data_dir, &o.out_dir})
+    TP_CHECK(path->find_first_of("\"\\#\n") == std::string::npos,
+             "train: the path '{}' holds a quote, a backslash, '#' or a newline, which config.toml cannot hold", *path);
   std::string t = "# tapestry train: read back with `tapestry train --config-file FILE`; flags override it\n";
   auto line = [&](const char* key, const std::string& value) { t += fmt::format("{} = {}\n", key, value); };
   line("task", toml_string("multi30k"));
@@ -155,12 +153,11 @@ TranslationResult train_translation(const TranslationOptions& o) {
   ParallelCorpus train = load_parallel(dir, o.train_split, o.src_lang, o.tgt_lang);
   ParallelCorpus val = load_parallel(dir, o.val_split, o.src_lang, o.tgt_lang);
   ParallelCorpus test = load_parallel(dir, o.test_split, o.src_lang, o.tgt_lang);
-  ::mkdir(o.out_dir.c_str(), 0755);
-  struct stat st{};
-  TP_CHECK(::stat(o.out_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "train: cannot create the output directory {}",
-           o.out_dir);
+  std::error_code mkdir_error;
+  std::filesystem::create_directories(o.out_dir, mkdir_error);  // with its parents, as `mkdir -p`
+  TP_CHECK(std::filesystem::is_directory(o.out_dir), "train: cannot create the output directory {}{}", o.out_dir,
+           mkdir_error ? ": " + mkdir_error.message() : "");
   const std::string config_toml = options_to_toml(o);
-  nn::write_file_atomic(o.out_dir + "/config.toml", config_toml);
   std::printf("config (saved as %s/config.toml):\n%s", o.out_dir.c_str(), config_toml.c_str());
   manual_seed(o.seed);
 
@@ -211,17 +208,21 @@ TranslationResult train_translation(const TranslationOptions& o) {
   int64_t start_epoch = 1, start_batch = 0;
   double resumed_loss_sum = 0;
   int64_t resumed_tokens = 0;
+  // What resume must find unchanged: the model and everything that decides the batch plan.
+  const std::map<std::string, std::string> recipe = {
+      {"config", o.config},          {"pre_norm", o.pre_norm ? "1" : "0"},         {"vocab_size", std::to_string(V)},
+      {"max_tokens", std::to_string(o.max_tokens)}, {"accumulate", std::to_string(o.accumulate)},
+      {"seed", std::to_string(o.seed)},             {"limit", std::to_string(o.limit)}};
   auto save_checkpoint = [&](int64_t epoch, int64_t next_batch, double loss_sum, int64_t tokens) {
     adam.save(opt_path);
-    model.save(model_path, {{"config", o.config},
-                            {"pre_norm", o.pre_norm ? "1" : "0"},
-                            {"vocab_size", std::to_string(V)},
-                            {"epoch", std::to_string(epoch)},
-                            {"next_batch", std::to_string(next_batch)},
-                            {"step", std::to_string(step)},
-                            {"epoch_loss_sum", fmt::format("{:.17g}", loss_sum)},
-                            {"epoch_tokens", std::to_string(tokens)},
-                            {"rng", default_generator().state()}});
+    auto meta = recipe;
+    meta.insert({{"epoch", std::to_string(epoch)},
+                 {"next_batch", std::to_string(next_batch)},
+                 {"step", std::to_string(step)},
+                 {"epoch_loss_sum", fmt::format("{:.17g}", loss_sum)},
+                 {"epoch_tokens", std::to_string(tokens)},
+                 {"rng", default_generator().state()}});
+    model.save(model_path, meta);
   };
   if (o.resume && std::ifstream(model_path).good()) {
     auto file = nn::load_safetensors(model_path);
@@ -230,10 +231,14 @@ TranslationResult train_translation(const TranslationOptions& o) {
       TP_CHECK(it != file.metadata.end(), "resume: {} has no '{}' entry (not a training checkpoint)", model_path, key);
       return it->second;
     };
-    TP_CHECK(meta("config") == o.config, "resume: {} holds a '{}' model but --config is '{}'", model_path,
-             meta("config"), o.config);
-    TP_CHECK(meta("pre_norm") == (o.pre_norm ? "1" : "0"), "resume: {} holds a {}-norm model but the options ask for "
-             "{}-norm", model_path, meta("pre_norm") == "1" ? "pre" : "post", o.pre_norm ? "pre" : "post");
+    for (const auto& [key, value] : recipe) {
+      auto it = file.metadata.find(key);
+      if (it == file.metadata.end()) continue;  // older checkpoints lack some (pre_norm absent: post-norm)
+      TP_CHECK(it->second == value, "resume: {} was trained with {} = {}, but this run has {} = {}; resume with the "
+               "options of its config.toml", model_path, key, it->second, key, value);
+    }
+    TP_CHECK(file.metadata.count("pre_norm") || !o.pre_norm, "resume: {} holds a post-norm model but this run asks "
+             "for pre-norm", model_path);
     model.load_state_dict(file.as_map());
     adam.load(opt_path);
     step = std::stoll(meta("step"));
@@ -246,20 +251,33 @@ TranslationResult train_translation(const TranslationOptions& o) {
     default_generator().set_state(meta("rng"));
     std::printf("resume: from %s at epoch %lld, batch %lld, step %lld\n", model_path.c_str(), (long long)start_epoch,
                 (long long)start_batch, (long long)step);
+    // The best so far stays the best unless a later epoch beats it.
+    const std::string best_path = o.out_dir + "/model.best.safetensors";
+    if (std::ifstream(best_path).good()) {
+      auto best = nn::load_safetensors(best_path).metadata;
+      if (best.count("val_bleu") && best.count("epoch")) {
+        result.best_val_bleu = std::stod(best["val_bleu"]);
+        result.best_epoch = std::stoll(best["epoch"]);
+      }
+    }
   }
+  nn::write_file_atomic(o.out_dir + "/config.toml", config_toml);
   for (int64_t epoch = start_epoch; epoch <= o.epochs; ++epoch) {
     auto plan = train_batches.plan(o.seed, epoch);
+    // A checkpoint at the end of an epoch's batches (next_batch == plan.size()) resumes into that
+    // epoch's end: validation, the epoch copy and the best are still to do.
     const bool resumed_here = epoch == start_epoch && start_batch > 0;
-    if (resumed_here && start_batch >= static_cast<int64_t>(plan.size())) continue;  // that epoch was complete
     const auto t0 = std::chrono::steady_clock::now();
     double loss_sum = resumed_here ? resumed_loss_sum : 0;
     int64_t tokens = resumed_here ? resumed_tokens : 0;
+    const size_t first_batch = resumed_here ? static_cast<size_t>(start_batch) : 0;
+    const int64_t first_tokens = tokens;  // rates count this process's work only
     model.train();
     // One optimizer step per group of `accumulate` batches: each batch's mean loss is weighted by
     // its share of the group's target tokens, so the summed gradient is that of the group's mean
     // token loss, as one batch of the group's size would give.
     const size_t group = static_cast<size_t>(o.accumulate);
-    for (size_t i = resumed_here ? static_cast<size_t>(start_batch) : 0; i < plan.size();) {
+    for (size_t i = first_batch; i < plan.size();) {
       const size_t end = std::min(plan.size(), i + group);
       std::vector<Batch> batches;
       int64_t group_tokens = 0;
@@ -281,6 +299,7 @@ TranslationResult train_translation(const TranslationOptions& o) {
       if (o.clip_norm > 0) optim::clip_grad_norm(model.parameters(), o.clip_norm);
       adam.step();
       adam.zero_grad();
+      const size_t before = i;
       i = end;
       if (o.save_every > 0 && step % o.save_every == 0 && i < plan.size())
         save_checkpoint(epoch, static_cast<int64_t>(i), loss_sum, tokens);
@@ -291,9 +310,10 @@ TranslationResult train_translation(const TranslationOptions& o) {
       }
       if (o.progress) {
         double el = seconds_since(t0);
-        progress_line(epoch, static_cast<int64_t>(i), static_cast<int64_t>(plan.size()),
-                      loss_sum / static_cast<double>(tokens), static_cast<double>(tokens) / el, adam.lr(),
-                      el / static_cast<double>(i) * static_cast<double>(plan.size() - i), tty);
+        progress_line(epoch, static_cast<int64_t>(before), static_cast<int64_t>(i), static_cast<int64_t>(plan.size()),
+                      loss_sum / static_cast<double>(tokens), static_cast<double>(tokens - first_tokens) / el,
+                      adam.lr(), el / static_cast<double>(i - first_batch) * static_cast<double>(plan.size() - i),
+                      tty);
       }
     }
     EpochResult r;
@@ -301,12 +321,12 @@ TranslationResult train_translation(const TranslationOptions& o) {
     r.steps = step;
     r.seconds = seconds_since(t0);
     r.train_loss = loss_sum / static_cast<double>(std::max<int64_t>(tokens, 1));
-    r.tokens_per_s = static_cast<double>(tokens) / r.seconds;
+    r.tokens_per_s = static_cast<double>(tokens - first_tokens) / r.seconds;
     r.val_loss = evaluate_loss(model, val_batches, o.label_smoothing);
     auto val_src = head(val.src, o.eval_limit), val_ref = head(val.tgt, o.eval_limit);
     r.val_bleu = corpus_bleu(translate_all(model, sp, val_src, 1, o.alpha), val_ref).score;
-    save_checkpoint(epoch, static_cast<int64_t>(plan.size()), loss_sum, tokens);
-    // Per-epoch copies: the last `keep` stay (for averaging), and the best on val BLEU.
+    // Per-epoch copies: the last `keep` stay (for averaging), and the best on val BLEU. They are
+    // written before the checkpoint that moves resume past this epoch.
     const std::string epoch_path = fmt::format("{}/model.epoch{}.safetensors", o.out_dir, epoch);
     model.save(epoch_path, {{"config", o.config}, {"pre_norm", o.pre_norm ? "1" : "0"}, {"epoch", std::to_string(epoch)}});
     if (epoch - o.keep >= 1) std::remove(fmt::format("{}/model.epoch{}.safetensors", o.out_dir, epoch - o.keep).c_str());
@@ -319,6 +339,7 @@ TranslationResult train_translation(const TranslationOptions& o) {
                   {"epoch", std::to_string(epoch)},
                   {"val_bleu", fmt::format("{:.2f}", r.val_bleu)}});
     }
+    save_checkpoint(epoch + 1, 0, 0, 0);
     std::printf("epoch %lld: train loss %.3f, val loss %.3f, val BLEU %.2f (greedy), %.0f s, %.0f tok/s, elapsed %s\n",
                 (long long)epoch, r.train_loss, r.val_loss, r.val_bleu, r.seconds, r.tokens_per_s,
                 clock(seconds_since(run_start)).c_str());
@@ -337,6 +358,8 @@ TranslationResult train_translation(const TranslationOptions& o) {
                     {train_loss, val_loss, val_bleu});
   }
 
+  // An average left by an earlier run in this directory must not pass for this run's.
+  std::remove((o.out_dir + "/model.avg.safetensors").c_str());
   if (o.average > 1) {
     std::vector<std::string> paths;
     for (int64_t e = std::max<int64_t>(1, o.epochs - o.average + 1); e <= o.epochs; ++e) {
@@ -351,13 +374,23 @@ TranslationResult train_translation(const TranslationOptions& o) {
       std::printf("averaged the weights of the last %zu epoch checkpoints\n", paths.size());
     }
   }
+  // The final model (averaged or last), scored as the test set is: on val, then on test.
+  auto t_val = std::chrono::steady_clock::now();
+  auto val_src = head(val.src, o.eval_limit), val_ref = head(val.tgt, o.eval_limit);
+  auto val_score = corpus_bleu(translate_all(model, sp, val_src, o.beam, o.alpha), val_ref);
+  result.val_bleu = val_score.score;
+  std::printf("final model on %s (%zu sentences, beam %lld, alpha %.1f, %.0f s): %s\n", o.val_split.c_str(),
+              val_src.size(), (long long)o.beam, o.alpha, seconds_since(t_val), val_score.format().c_str());
+  auto t_test = std::chrono::steady_clock::now();
   auto test_src = head(test.src, o.eval_limit), test_ref = head(test.tgt, o.eval_limit);
   auto hyps = translate_all(model, sp, test_src, o.beam, o.alpha);
   auto score = corpus_bleu(hyps, test_ref);
   result.test_bleu = score.score;
   result.test_bleu_line = score.format();
-  std::printf("test (%s, beam %lld, alpha %.1f): %s\n%s\n", o.test_split.c_str(), (long long)o.beam, o.alpha,
-              score.format().c_str(), BleuScore::signature().c_str());
+  std::printf("final model on %s (%zu sentences, beam %lld, alpha %.1f, %.0f s): %s\n%s\n", o.test_split.c_str(),
+              test_src.size(), (long long)o.beam, o.alpha, seconds_since(t_test), score.format().c_str(),
+              BleuScore::signature().c_str());
+  std::printf("total time %s\n", clock(seconds_since(run_start)).c_str());
   for (size_t i = 0; i < std::min<size_t>(5, hyps.size()); ++i)
     std::printf("  src: %s\n  ref: %s\n  hyp: %s\n", test_src[i].c_str(), test_ref[i].c_str(), hyps[i].c_str());
   return result;
@@ -391,8 +424,8 @@ Translator load_translator(const std::string& dir, const std::string& weights) {
     t.weights_path = std::ifstream(dir + "/model.avg.safetensors").good() ? dir + "/model.avg.safetensors"
                                                                           : dir + "/model.safetensors";
   }
-  TP_CHECK(std::ifstream(t.weights_path).good(), "{} not found (train with `tapestry train --task multi30k --out {}`)",
-           t.weights_path, dir);
+  TP_CHECK(std::ifstream(t.weights_path).good(), "{} not found{}", t.weights_path,
+           weights.empty() ? fmt::format(" (train with `tapestry train --task multi30k --out {}`)", dir) : "");
   t.subword = std::make_unique<Subword>(dir + "/spm.model");
   auto file = nn::load_safetensors(t.weights_path);
   auto it = file.metadata.find("config");

@@ -59,7 +59,7 @@ struct EpochResult {
 
 struct TranslationResult {
   std::vector<EpochResult> epochs;
-  double test_bleu = 0;
+  double test_bleu = 0, val_bleu = 0;  // the final model's (averaged or last), decoded as the test set is
   std::string test_bleu_line;
   bool stopped = false;  // stop_after cut the run short
   double best_val_bleu = -1;

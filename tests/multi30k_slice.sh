@@ -12,6 +12,8 @@ losses=($(sed -n 's/^epoch [0-9]*: train loss \([0-9.]*\),.*/\1/p' "$out/log"))
 [[ ${#losses[@]} -eq 2 ]] || { echo "expected two epoch lines, got ${#losses[@]}"; exit 1; }
 awk -v a="${losses[0]}" -v b="${losses[1]}" 'BEGIN { if (!(b < a)) { print "loss did not fall: " a " -> " b; exit 1 } }'
 grep -q '^norm = "post"$' "$out/run/config.toml"
+# The saved config reads back to the same options.
+"$bin" train --config-file "$out/run/config.toml" --print-config | diff - "$out/run/config.toml"
 printf 'Ein Mann fährt Fahrrad.\nZwei Hunde spielen im Schnee.\n' | "$bin" translate --checkpoint "$out/run" --beam 2 > "$out/hyp"
 [[ $(wc -l < "$out/hyp") -eq 2 ]] || { echo "translate: expected 2 lines"; exit 1; }
 "$bin" attention --checkpoint "$out/run" --sentence "Ein Mann fährt Fahrrad." --layers 1 --out "$out/attn.html"

@@ -129,7 +129,7 @@ TEST_CASE("gradient accumulation, clipping and pre-norm: fewer optimizer steps, 
   o.beam = 1;
   o.max_tokens = 256;
   auto single = models::train_translation(o);
-  o.out_dir = dir + "/accumulated";
+  o.out_dir = dir + "/nested/accumulated";  // parents are created as needed
   o.accumulate = 3;
   o.clip_norm = 1.0;
   o.pre_norm = true;
@@ -176,6 +176,26 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
     INFO(name);
     CHECK(values(t) == values(b.at(name)));
   }
+  // Interrupted right after the last batch of epoch 1: the resumed run still validates epoch 1
+  // and writes its copy before going on, and ends in the same place.
+  o.out_dir = dir + "/epoch_end";
+  o.resume = false;
+  o.stop_after = straight.epochs[0].steps;
+  CHECK(models::train_translation(o).stopped);
+  CHECK_FALSE(std::ifstream(dir + "/epoch_end/model.epoch1.safetensors").good());
+  o.stop_after = 0;
+  o.resume = true;
+  auto at_end = models::train_translation(o);
+  REQUIRE(at_end.epochs.size() == 2);
+  CHECK(at_end.epochs[0].val_loss == straight.epochs[0].val_loss);
+  CHECK(at_end.epochs[1].train_loss == straight.epochs[1].train_loss);
+  CHECK(std::ifstream(dir + "/epoch_end/model.epoch1.safetensors").good());
+  CHECK(at_end.test_bleu == straight.test_bleu);
+  // Resuming with a recipe that changes the batch plan is refused, naming the option.
+  o.max_tokens = 300;
+  CHECK(error_of([&] { models::train_translation(o); }).find("was trained with max_tokens = 256, but this run has "
+                                                             "max_tokens = 300") != std::string::npos);
+  o.max_tokens = 256;
   // Keep the last K epoch checkpoints, the best one, and average the last N for the test.
   CHECK(std::ifstream(dir + "/straight/model.epoch1.safetensors").good());
   CHECK(std::ifstream(dir + "/straight/model.best.safetensors").good());
@@ -204,8 +224,9 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
     CHECK(r.best_epoch >= 1);
   }
   // A checkpoint of another config is refused with a clear message.
+  o.out_dir = dir + "/interrupted";
   o.config = "small";
-  CHECK(error_of([&] { models::train_translation(o); }).find("holds a 'tiny' model but --config is 'small'") !=
-        std::string::npos);
+  CHECK(error_of([&] { models::train_translation(o); }).find("was trained with config = tiny, but this run has config "
+                                                             "= small") != std::string::npos);
   std::filesystem::remove_all(dir);
 }

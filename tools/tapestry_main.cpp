@@ -2,6 +2,7 @@
 // clear line and exit non-zero.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 
 #include <iostream>
@@ -52,6 +53,7 @@ int run_copy(const models::CopyTaskOptions& o) {
 // `--key=value` arguments here (TOML through CLI11's own reader), to be placed before the
 // command line's. Keys are train's flag names; an unknown key or a section is an error.
 std::vector<std::string> config_file_args(const CLI::App& train, const std::string& path) {
+  TP_CHECK(std::filesystem::is_regular_file(path), "--config-file {}: not a file", path);
   std::vector<CLI::ConfigItem> items;
   try {
     items = CLI::ConfigTOML().from_file(path);
@@ -64,10 +66,18 @@ std::vector<std::string> config_file_args(const CLI::App& train, const std::stri
     TP_CHECK(item.parents.empty(), "--config-file {}: '{}' is in a section; write `key = value` at the top level",
              path, item.fullname());
     TP_CHECK(item.name != "config-file", "--config-file {}: a config file cannot name another", path);
-    TP_CHECK(train.get_option_no_throw("--" + item.name) != nullptr,
+    const CLI::Option* option = train.get_option_no_throw("--" + item.name);
+    TP_CHECK(option != nullptr,
              "--config-file {}: unknown option '{}' (the keys are the flag names of `tapestry train --help`)", path,
              item.name);
-    for (const auto& value : item.inputs) args.push_back("--" + item.name + "=" + value);
+    for (const auto& value : item.inputs) {
+      if (option->get_expected_max() == 0) {  // a flag: only the `--flag=value` form carries a value
+        args.push_back("--" + item.name + "=" + value);
+      } else {  // two arguments, so an empty value stays a value
+        args.push_back("--" + item.name);
+        args.push_back(value);
+      }
+    }
   }
   return args;
 }
@@ -201,6 +211,11 @@ int main(int argc, char** argv) {
   try {
     if (threads > 0) set_num_threads(threads);
     copy.pre_norm = norm != "post";
+    if (*train) {  // a flag of the other task would be ignored silently: refuse it
+      const auto* wrong = task == "multi30k" ? copy_group : m;
+      for (const CLI::Option* option : wrong->get_options())
+        TP_CHECK(option->count() == 0, "train: {} is not an option of --task {}", option->get_name(), task);
+    }
     if (*train && task == "multi30k") {
       // The quick recipe changes the defaults only: flags and a config file still win.
       auto preset = [&](const char* flag, auto& field, auto value) {

@@ -13,14 +13,11 @@ tools/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" --target tapestry_cli
 
-out=runs/multi30k
-for ((i = 1; i <= $#; i++)); do
-  case "${!i}" in
-    --quick) out=runs/multi30k-quick ;;
-    --out) j=$((i + 1)); out="${!j}" ;;
-    --out=*) out="${!i#--out=}" ;;
-  esac
+for arg in "$@"; do
+  if [[ $arg == --print-config || $arg == --help || $arg == -h ]]; then exec build/tapestry train --task multi30k "$@"; fi
 done
+# Where the run goes, as train resolves it from the flags (and any --config-file).
+out=$(build/tapestry train --task multi30k "$@" --print-config | sed -n 's/^out = "\(.*\)"$/\1/p')
 
 build/tapestry train --task multi30k "$@"
 

@@ -203,7 +203,11 @@ TranslationResult train_translation(const TranslationOptions& o) {
   // the random generator's state (dropout seeds come from it). Batches follow from (seed, epoch)
   // and every kernel is independent of the thread count, so a resumed run replays exactly what
   // the uninterrupted run would have done. The optimizer file is written first: a crash between
-  // the two writes leaves files whose step counts disagree, which resume refuses.
+  // the two writes leaves files whose step counts disagree, which resume refuses. The metadata
+  // also records the recipe that decides the batch plan (`recipe` below), and resume refuses a
+  // run whose options differ. The checkpoint written at the end of an epoch, after its
+  // validation and its epoch copy, points at batch 0 of the next epoch; one written after the
+  // last batch but before that (--save-every, an interruption) resumes into the epoch's end.
   const std::string model_path = o.out_dir + "/model.safetensors", opt_path = o.out_dir + "/optimizer.safetensors";
   int64_t start_epoch = 1, start_batch = 0;
   double resumed_loss_sum = 0;

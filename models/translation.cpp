@@ -33,13 +33,13 @@ std::string clock(double s) {
 
 // One line redrawn in place on a terminal; on a pipe, a line each time `done` (batches, moving
 // from `before`) crosses a tenth of the epoch.
-void progress_line(int64_t epoch, int64_t before, int64_t done, int64_t total, double loss, double tok_s, double lr,
-                   double eta, bool tty) {
+void progress_line(int64_t epoch, int64_t before, int64_t done, int64_t total, int64_t step, double loss, double tok_s,
+                   double lr, double eta, bool tty) {
   const int width = 24;
   int filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
   std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
-  std::string line = fmt::format("epoch {:>2} [{}] {:>4}/{} loss {:.3f} | {:.0f} tok/s | lr {:.2e} | ETA {}", epoch,
-                                 bar, done, total, loss, tok_s, lr, clock(eta));
+  std::string line = fmt::format("epoch {:>2} [{}] {:>4}/{} step {} | loss {:.3f} | {:.0f} tok/s | lr {:.2e} | ETA {}",
+                                 epoch, bar, done, total, step, loss, tok_s, lr, clock(eta));
   if (tty) {
     std::fprintf(stderr, "\r%s", line.c_str());
     if (done == total) std::fprintf(stderr, "\n");
@@ -314,7 +314,7 @@ TranslationResult train_translation(const TranslationOptions& o) {
       }
       if (o.progress) {
         double el = seconds_since(t0);
-        progress_line(epoch, static_cast<int64_t>(before), static_cast<int64_t>(i), static_cast<int64_t>(plan.size()),
+        progress_line(epoch, static_cast<int64_t>(before), static_cast<int64_t>(i), static_cast<int64_t>(plan.size()), step,
                       loss_sum / static_cast<double>(tokens), static_cast<double>(tokens - first_tokens) / el,
                       adam.lr(), el / static_cast<double>(i - first_batch) * static_cast<double>(plan.size() - i),
                       tty);

@@ -98,8 +98,8 @@ Tensor sum_to(const Tensor& grad, const Shape& shape) {
 }
 
 void check_inplace(const char* op, const Tensor& t) {
-  TP_CHECK(!(GradMode::is_enabled() && t.requires_grad()),
-           "{}: in-place operation on a tensor of shape {} that requires grad; use the out-of-place op, "
+  TP_CHECK(!(GradMode::is_enabled() && t.requires_grad() && t.is_leaf()),
+           "{}: in-place operation on a leaf tensor of shape {} that requires grad; use the out-of-place op, "
            "or wrap the update in NoGradGuard",
            op, t.sizes());
 }

@@ -64,8 +64,8 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);
 // Sums a (broadcast) gradient back down to `shape`.
 Tensor sum_to(const Tensor& grad, const Shape& shape);
 
-// In-place ops call this first: it refuses writes into tensors that require grad while grad
-// mode is on (the tape could not follow them) and names the op.
+// In-place ops call this first: it refuses writes into leaves that require grad while grad mode
+// is on, naming the op (Note [In-place autograd] in autograd/tensor_methods.cpp).
 void check_inplace(const char* op, const Tensor& t);
 
 }  // namespace tapestry

@@ -18,6 +18,10 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
 Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx) {
   TP_CHECK(weight.dim() == 2, "embedding: weight must be 2-D [vocab, dim], got shape {}", weight.sizes());
   TP_CHECK(ids.dtype() == DType::Int64, "embedding: ids must be int64, got {} {}", ids.dtype(), ids.sizes());
+  // -1 means no padding row (PyTorch's None); PyTorch's negative padding_idx counting from the end is not supported.
+  TP_CHECK(padding_idx >= -1 && padding_idx < weight.size(0),
+           "embedding: padding_idx {} is out of range for a weight of {} rows (expected -1 for none, or [0, {}))",
+           padding_idx, weight.size(0), weight.size(0));
   Tensor flat = kernels::contiguous(ids);
   flat = make_tensor(flat.impl().storage, {flat.numel()}, {1}, flat.offset(), DType::Int64);
   Tensor rows = kernels::index_select("embedding", weight, 0, flat);  // (N, D)
@@ -85,8 +89,10 @@ TensorList split(const Tensor& a, int64_t split_size, int64_t dim) {
 TensorList chunk(const Tensor& a, int64_t chunks, int64_t dim) {
   TP_CHECK(chunks > 0, "chunk: the number of chunks must be positive, got {}", chunks);
   TP_CHECK(a.dim() > 0, "chunk: cannot chunk a 0-dim tensor");
-  int64_t n = a.size(wrap_dim("chunk", dim, a.dim()));
-  return split(a, std::max<int64_t>(1, (n + chunks - 1) / chunks), dim);
+  dim = wrap_dim("chunk", dim, a.dim());
+  int64_t n = a.size(dim);
+  if (n == 0) return TensorList(static_cast<size_t>(chunks), slice(a, dim, 0, 0));  // as PyTorch: `chunks` empty parts
+  return split(a, (n + chunks - 1) / chunks, dim);
 }
 
 Tensor dropout(const Tensor& a, double p, bool training, Generator* gen) {

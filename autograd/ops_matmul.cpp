@@ -40,11 +40,17 @@ Tensor rows_of(const Tensor& t, int64_t cols) {  // [..., cols] -> [N, cols], co
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  TP_CHECK(w.dim() == 2 && w.numel() > 0, "linear: weight must be a non-empty [out, in], got shape {}", w.sizes());
+  TP_CHECK(w.dim() == 2, "linear: weight must be [out, in], got shape {}", w.sizes());
   const int64_t out_f = w.size(0), in_f = w.size(1);
   TP_CHECK(x.dim() >= 1 && x.size(-1) == in_f, "linear: input of shape {} does not end in in_features={} (weight {})",
            x.sizes(), in_f, w.sizes());
   if (b.defined()) TP_CHECK(b.sizes() == Shape{out_f}, "linear: bias {} must be [{}]", b.sizes(), out_f);
+  if (x.numel() == 0 || w.numel() == 0) {
+    // Empty operands (in_features 0 gives the bias, as in PyTorch): composed from recorded ops,
+    // so every gradient, empty or not, has its input's shape. BLAS is not called on empty matrices.
+    Tensor y = sum(mul(unsqueeze(x, -2), w), {-1});
+    return b.defined() ? add(y, b) : y;
+  }
   Tensor x2 = rows_of(x, in_f);                                   // (N, in)
   Tensor wt = raw_view(w, {in_f, out_f}, {w.stride(1), w.stride(0)});  // (in, out), read transposed
   Tensor y = kernels::matmul(x2, wt);                            // (N, out), fresh

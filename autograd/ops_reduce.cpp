@@ -14,6 +14,12 @@ namespace {
 // The dims a reduction covers, wrapped and sorted; empty means all.
 std::vector<int64_t> reduced_dims(const char* op, const Tensor& a, const std::vector<int64_t>& dims) {
   std::vector<int64_t> out;
+  if (a.dim() == 0) {
+    // As in PyTorch, dim 0 and -1 name the one element of a 0-d tensor: reducing over them is
+    // reducing over everything, which leaves the 0-d tensor as it is.
+    for (int64_t d : dims) wrap_dim(op, d, 0);
+    return out;
+  }
   if (dims.empty()) {
     for (int64_t d = 0; d < a.dim(); ++d) out.push_back(d);
   } else {
@@ -55,7 +61,8 @@ Tensor var(const Tensor& a, const std::vector<int64_t>& dims_in, int64_t correct
   int64_t count = 1;
   for (int64_t d : dims) count *= a.size(d);
   Tensor centered = sub(a, mean(a, dims, true));
-  return div(sum(mul(centered, centered), dims, keepdim), static_cast<double>(count - correction));
+  // PyTorch divides by max(0, N - correction): 0/0 gives NaN for empty or too-small samples.
+  return div(sum(mul(centered, centered), dims, keepdim), static_cast<double>(std::max<int64_t>(0, count - correction)));
 }
 
 namespace {

@@ -1,5 +1,7 @@
 // Tensor's member functions: autograd state, and thin forwards to the free functions of
 // autograd/functions.h, plus the in-place ops (which bump the version and never record).
+#include <functional>
+
 #include "autograd/functions.h"
 #include "ops/kernels.h"
 
@@ -37,6 +39,9 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 }
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   int64_t wd = wrap_dim("narrow", d, dim());
+  TP_CHECK(start >= -size(wd) && start <= size(wd), "narrow: start {} is out of range for dim {} of size {} (tensor shape {})",
+           start, wd, size(wd), sizes());
+  if (start < 0) start += size(wd);  // as in PyTorch, a negative start counts from the end
   TP_CHECK(start >= 0 && length >= 0 && start + length <= size(wd),
            "narrow: start {} + length {} exceeds dim {} of size {} (tensor shape {})", start, length, wd, size(wd),
            sizes());
@@ -88,74 +93,117 @@ Tensor Tensor::matmul(const Tensor& other) const { return tapestry::matmul(*this
 Tensor Tensor::masked_fill(const Tensor& mask, double value) const { return tapestry::masked_fill(*this, mask, value); }
 
 // ---- in place
+//
+// Note [In-place autograd]: with grad mode on, an in-place op whose target or operand requires
+// grad is recorded as PyTorch records it. The out-of-place op computes the result (from a clone
+// of the target where its backward needs the old values), the result is written into the
+// target, and the target takes over the result's history. Each op's backward is thus the one of
+// its out-of-place form. Refused, naming the op: a leaf that requires grad (its .grad would lose
+// track of what it held), and a target whose storage another tensor shares (a view, or a tensor
+// saved for backward): PyTorch rewrites the base's history there, which this tape does not do.
+namespace {
+
+using OutOfPlace = std::function<Tensor(const Tensor& target)>;
+
+// Runs the op and returns true when it has to be recorded; false leaves it to the plain kernel.
+bool inplace_recorded(const char* op, Tensor& self, const TensorList& operands, const OutOfPlace& compute) {
+  check_inplace(op, self);
+  TensorList inputs = operands;
+  inputs.push_back(self);
+  if (!any_requires_grad(inputs)) return false;
+  TP_CHECK(self.impl().storage.use_count() == 1,
+           "{}: in-place operation on a tensor of shape {} that shares its storage with another tensor (a view, "
+           "or a tensor saved for backward), while autograd records it; use the out-of-place op",
+           op, self.sizes());
+  Tensor result = compute(self);
+  TP_CHECK(result.sizes() == self.sizes() && result.dtype() == self.dtype(),
+           "{}: the result {} {} cannot be written in place into a tensor {} {}", op, result.dtype(), result.sizes(),
+           self.dtype(), self.sizes());
+  kernels::copy_(self, result);
+  self.impl().grad_fn = result.grad_fn();
+  self.impl().requires_grad = true;
+  return true;
+}
+
+Tensor all_true(const Tensor& t) { return full({}, 1.0, DType::Bool).expand(t.sizes()); }
+
+}  // namespace
+
 Tensor& Tensor::fill_(double value) {
-  check_inplace("fill_", *this);
-  kernels::fill_(*this, value);
+  // The old values get a zero gradient: where() with an all-true mask records exactly that.
+  if (!inplace_recorded("fill_", *this, {}, [&](const Tensor& t) { return tapestry::masked_fill(t, all_true(t), value); }))
+    kernels::fill_(*this, value);
   return *this;
 }
 Tensor& Tensor::zero_() {
-  check_inplace("zero_", *this);
-  kernels::fill_(*this, 0.0);
+  if (!inplace_recorded("zero_", *this, {}, [&](const Tensor& t) { return tapestry::masked_fill(t, all_true(t), 0.0); }))
+    kernels::fill_(*this, 0.0);
   return *this;
 }
 Tensor& Tensor::copy_(const Tensor& src) {
-  check_inplace("copy_", *this);
-  kernels::copy_(*this, src);
+  if (!inplace_recorded("copy_", *this, {src}, [&](const Tensor& t) {
+        return tapestry::where(all_true(t), tapestry::to(src, t.dtype()).expand(t.sizes()), t);
+      }))
+    kernels::copy_(*this, src);
   return *this;
 }
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
-  check_inplace("add_", *this);
-  kernels::binary_("add_", kernels::Binary::Add, *this,
-                   alpha == 1.0 ? other : kernels::binary("add_", kernels::Binary::Mul, other, scalar_tensor(alpha, other.dtype())));
+  if (!inplace_recorded("add_", *this, {other},
+                        [&](const Tensor& t) { return alpha == 1.0 ? add(t, other) : add(t, mul(other, alpha)); }))
+    kernels::binary_("add_", kernels::Binary::Add, *this,
+                     alpha == 1.0 ? other : kernels::binary("add_", kernels::Binary::Mul, other, scalar_tensor(alpha, other.dtype())));
   return *this;
 }
 Tensor& Tensor::add_(double value) {
-  check_inplace("add_", *this);
-  kernels::binary_("add_", kernels::Binary::Add, *this, scalar_tensor(value, dtype()));
+  if (!inplace_recorded("add_", *this, {}, [&](const Tensor& t) { return add(t, value); }))
+    kernels::binary_("add_", kernels::Binary::Add, *this, scalar_tensor(value, dtype()));
   return *this;
 }
 Tensor& Tensor::sub_(const Tensor& other) {
-  check_inplace("sub_", *this);
-  kernels::binary_("sub_", kernels::Binary::Sub, *this, other);
+  if (!inplace_recorded("sub_", *this, {other}, [&](const Tensor& t) { return sub(t, other); }))
+    kernels::binary_("sub_", kernels::Binary::Sub, *this, other);
   return *this;
 }
 Tensor& Tensor::sub_(double value) {
-  check_inplace("sub_", *this);
-  kernels::binary_("sub_", kernels::Binary::Sub, *this, scalar_tensor(value, dtype()));
+  if (!inplace_recorded("sub_", *this, {}, [&](const Tensor& t) { return sub(t, value); }))
+    kernels::binary_("sub_", kernels::Binary::Sub, *this, scalar_tensor(value, dtype()));
   return *this;
 }
 Tensor& Tensor::mul_(const Tensor& other) {
-  check_inplace("mul_", *this);
-  kernels::binary_("mul_", kernels::Binary::Mul, *this, other);
+  // MulBackward keeps both operands, so the old target goes in as a clone.
+  if (!inplace_recorded("mul_", *this, {other}, [&](const Tensor& t) { return mul(tapestry::clone(t), other); }))
+    kernels::binary_("mul_", kernels::Binary::Mul, *this, other);
   return *this;
 }
 Tensor& Tensor::mul_(double value) {
-  check_inplace("mul_", *this);
-  kernels::binary_("mul_", kernels::Binary::Mul, *this, scalar_tensor(value, dtype()));
+  if (!inplace_recorded("mul_", *this, {}, [&](const Tensor& t) { return mul(t, value); }))
+    kernels::binary_("mul_", kernels::Binary::Mul, *this, scalar_tensor(value, dtype()));
   return *this;
 }
 Tensor& Tensor::div_(const Tensor& other) {
-  check_inplace("div_", *this);
-  kernels::binary_("div_", kernels::Binary::Div, *this, other);
+  if (!inplace_recorded("div_", *this, {other}, [&](const Tensor& t) { return div(tapestry::clone(t), other); }))
+    kernels::binary_("div_", kernels::Binary::Div, *this, other);
   return *this;
 }
 Tensor& Tensor::div_(double value) {
-  check_inplace("div_", *this);
-  kernels::binary_("div_", kernels::Binary::Div, *this, scalar_tensor(value, dtype()));
+  if (!inplace_recorded("div_", *this, {}, [&](const Tensor& t) { return div(t, value); }))
+    kernels::binary_("div_", kernels::Binary::Div, *this, scalar_tensor(value, dtype()));
   return *this;
 }
 Tensor& Tensor::masked_fill_(const Tensor& mask, double value) {
-  check_inplace("masked_fill_", *this);
-  kernels::copy_(*this, kernels::where("masked_fill_", mask, scalar_tensor(value, dtype()), *this));
+  if (!inplace_recorded("masked_fill_", *this, {}, [&](const Tensor& t) { return tapestry::masked_fill(t, mask, value); }))
+    kernels::copy_(*this, kernels::where("masked_fill_", mask, scalar_tensor(value, dtype()), *this));
   return *this;
 }
 Tensor& Tensor::uniform_(double lo, double hi) {
-  check_inplace("uniform_", *this);
+  TP_CHECK(!(GradMode::is_enabled() && requires_grad()),
+           "uniform_: random fill of a tensor of shape {} that requires grad; wrap it in NoGradGuard", sizes());
   kernels::uniform_(*this, lo, hi, default_generator().engine());
   return *this;
 }
 Tensor& Tensor::normal_(double mean, double std) {
-  check_inplace("normal_", *this);
+  TP_CHECK(!(GradMode::is_enabled() && requires_grad()),
+           "normal_: random fill of a tensor of shape {} that requires grad; wrap it in NoGradGuard", sizes());
   kernels::normal_(*this, mean, std, default_generator().engine());
   return *this;
 }

@@ -67,7 +67,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
 // that backward needs besides the logits) and the number of counted rows.
 struct CrossEntropyOut { Tensor loss_sum, lse; int64_t count = 0; };
 CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& target, double smoothing, int64_t ignore_index);
-// d loss_sum * scale / d logits = (softmax(logits) - q) * scale on counted rows, 0 elsewhere.
+// d loss_sum * scale / d logits = (sum(q) * softmax(logits) - q) * scale on counted rows, 0 elsewhere.
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, double smoothing,
                               int64_t ignore_index, double scale);
 

@@ -10,9 +10,12 @@ namespace tapestry {
 
 using Shape = std::vector<int64_t>;
 
+// Throws instead of overflowing: a crafted shape (a file's header, say) must not wrap around to a
+// small count that a small buffer then passes for.
 inline int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    TP_CHECK(d >= 0 && !__builtin_mul_overflow(n, d, &n), "shape {} is invalid (negative size, or more than 2^63 elements)", s);
   return n;
 }
 

@@ -56,8 +56,14 @@ TensorImpl& Tensor::impl() const {
 
 const Shape& Tensor::sizes() const { return impl().shape; }
 const Shape& Tensor::strides() const { return impl().strides; }
-int64_t Tensor::size(int64_t d) const { return sizes()[wrap_dim("size", d, dim())]; }
-int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim("stride", d, dim())]; }
+int64_t Tensor::size(int64_t d) const {
+  TP_CHECK(dim() > 0, "size: dimension {} specified, but a 0-d tensor has no dimensions", d);
+  return sizes()[wrap_dim("size", d, dim())];
+}
+int64_t Tensor::stride(int64_t d) const {
+  TP_CHECK(dim() > 0, "stride: dimension {} specified, but a 0-d tensor has no dimensions", d);
+  return strides()[wrap_dim("stride", d, dim())];
+}
 
 bool Tensor::is_contiguous() const {
   const auto& s = sizes();

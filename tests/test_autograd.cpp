@@ -114,7 +114,7 @@ TEST_CASE("misuse gives clear errors") {
   CHECK(error_of([&] { (x * 2.0).backward(); }).find("implied only for a scalar output, but the output has shape [2, 2]") !=
         std::string::npos);
   CHECK(error_of([&] { ones({1}).backward(); }).find("does not require grad") != std::string::npos);
-  CHECK(error_of([&] { x.add_(1.0); }).find("add_: in-place operation on a tensor of shape [2, 2] that requires grad") !=
+  CHECK(error_of([&] { x.add_(1.0); }).find("add_: in-place operation on a leaf tensor of shape [2, 2] that requires grad") !=
         std::string::npos);
   CHECK(error_of([&] { arange(3).requires_grad_(); }).find("only floating-point tensors can require grad") !=
         std::string::npos);

@@ -188,7 +188,7 @@ void unary_numeric(Unary kind, const Tensor& out, const Tensor& a, double p0, do
     case Unary::Neg: return unary_loop<T, T>(out, a, [](T x) { return static_cast<T>(-x); });
     case Unary::Abs: return unary_loop<T, T>(out, a, [](T x) { return x < 0 ? static_cast<T>(-x) : x; });
     case Unary::Sign: return unary_loop<T, T>(out, a, [](T x) { return static_cast<T>((x > 0) - (x < 0)); });
-    case Unary::Relu: return unary_loop<T, T>(out, a, [](T x) { return x > 0 ? x : T(0); });
+    case Unary::Relu: return unary_loop<T, T>(out, a, [](T x) { return x > 0 || cpu::is_nan(x) ? x : T(0); });  // NaN stays NaN
     case Unary::Clamp: {
       T lo = static_cast<T>(p0), hi = static_cast<T>(p1);
       return unary_loop<T, T>(out, a, [lo, hi](T x) { return x < lo ? lo : (x > hi ? hi : x); });

@@ -37,6 +37,9 @@ Tensor index_select(const char* op, const Tensor& a_in, int64_t dim, const Tenso
   check_device(op, a_in);
   dim = wrap_dim(op, dim, a_in.dim());
   TP_CHECK(index_in.dim() <= 1, "{}: index must be 0-D or 1-D, got shape {}", op, index_in.sizes());
+  // A 0-d source has one element to select, and its 0-d output room for one (as in PyTorch).
+  TP_CHECK(a_in.dim() > 0 || index_in.numel() == 1, "{}: a 0-d tensor takes exactly one index, got {}", op,
+           index_in.numel());
   check_index(op, index_in, a_in.dim() == 0 ? 1 : a_in.size(dim), dim, a_in.sizes());
   Tensor a = contiguous(a_in), index = contiguous(index_in);
   Shape out_shape = a.sizes();

@@ -28,7 +28,8 @@ template <class T> inline bool is_nan(T v) {
 // polynomial (within 2 ulp of std::exp over the range, 0 below -87.3, as exp underflows);
 // double keeps std::exp, so gradchecks see the library exp.
 inline float vexp(float x) {
-  const float xc = std::min(std::max(x, -87.3f), 88.37f);  // e^88.37 is still finite
+  float xc = std::min(std::max(x, -87.3f), 88.37f);  // e^88.37 is still finite
+  xc = xc == xc ? xc : 0.0f;  // NaN: computed on 0 and replaced below (casting NaN to int is UB)
   // round(xc * log2(e)) with the 1.5 * 2^23 trick (no SSE4.1 needed)
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
@@ -39,10 +40,12 @@ inline float vexp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  // n is in [-126, 128); the biased exponent n + 127 is positive, shifted as unsigned.
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return x < -87.3f ? 0.0f : p * scale;
+  // Every caller passes x - max <= 0; above 88.72 float exp overflows to inf, as std::exp does.
+  return x < -87.3f ? 0.0f : x > 88.7228f ? HUGE_VALF : x != x ? x : p * scale;
 }
 inline double vexp(double x) { return std::exp(x); }
 

@@ -14,12 +14,16 @@ namespace {
 struct Smoothing {
   double gold, other;  // q on the gold class and on each other class
   int64_t skip;        // a class that gets 0 (the padding class), or -1
+  // The total mass of q on a counted row. It is 1 unless no class is left to spread smoothing
+  // over (V = 1, or V = 2 with the padding class): then q is 1 - eps on gold alone.
+  double total;
 };
 
 Smoothing smoothing_for(double eps, int64_t V, int64_t ignore_index) {
   bool pad_is_class = ignore_index >= 0 && ignore_index < V;
   int64_t spread = V - 1 - (pad_is_class ? 1 : 0);
-  return {1.0 - eps, spread > 0 ? eps / static_cast<double>(spread) : 0.0, pad_is_class ? ignore_index : -1};
+  double other = spread > 0 ? eps / static_cast<double>(spread) : 0.0;
+  return {1.0 - eps, other, pad_is_class ? ignore_index : -1, 1.0 - eps + other * static_cast<double>(std::max<int64_t>(spread, 0))};
 }
 
 void check_inputs(const Tensor& logits, const Tensor& target, double eps, int64_t ignore_index) {
@@ -66,10 +70,21 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
         plse[r] = static_cast<T>(lse);
         if (pt[r] == ignore_index) continue;
         // -sum_j q_j (x_j - lse) with q = other everywhere, then corrected at gold and skip.
+        // Classes with q_j = 0 contribute nothing even at x_j = -inf (0 log 0 = 0): when eps is
+        // 0 they are never summed, and when a masked (-inf) logit makes the shortcut's sum
+        // non-finite, the row is summed again class by class.
         double gold_lp = x[pt[r]] - lse;
-        double all_lp = sum_x - static_cast<double>(V) * lse;
-        double skip_lp = q.skip >= 0 ? x[q.skip] - lse : 0.0;
-        row_loss[static_cast<size_t>(r)] = -(q.gold * gold_lp + q.other * (all_lp - gold_lp - skip_lp));
+        double other_lp = 0;
+        if (q.other > 0) {
+          double skip_lp = q.skip >= 0 ? x[q.skip] - lse : 0.0;
+          other_lp = sum_x - static_cast<double>(V) * lse - gold_lp - skip_lp;
+          if (!std::isfinite(other_lp)) {
+            other_lp = 0;
+            for (int64_t j = 0; j < V; ++j)
+              if (j != pt[r] && j != q.skip) other_lp += x[j] - lse;
+          }
+        }
+        row_loss[static_cast<size_t>(r)] = -(q.gold * gold_lp + (q.other > 0 ? q.other * other_lp : 0.0));
       }
     });
   });
@@ -95,7 +110,8 @@ Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, 
     const T* px = logits.data_ptr<T>();
     const T* plse = lse.data_ptr<T>();
     T* pg = grad.data_ptr<T>();
-    const T s = static_cast<T>(scale), q_other = static_cast<T>(q.other);
+    // d/dx_j of -sum_k q_k (x_k - lse) is total(q) * softmax_j - q_j.
+    const T s = static_cast<T>(scale), q_other = static_cast<T>(q.other), q_total = static_cast<T>(q.total);
     cpu::parallel_for(0, N, std::max<int64_t>(1, cpu::kGrainSize / std::max<int64_t>(1, V)), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         T* g = pg + r * V;
@@ -106,7 +122,7 @@ Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, 
         const T* x = px + r * V;
         const T l = plse[r];
 #pragma omp simd
-        for (int64_t j = 0; j < V; ++j) g[j] = (cpu::vexp(x[j] - l) - q_other) * s;
+        for (int64_t j = 0; j < V; ++j) g[j] = (q_total * cpu::vexp(x[j] - l) - q_other) * s;
         g[pt[r]] -= static_cast<T>(q.gold - q.other) * s;
         if (q.skip >= 0) g[q.skip] += q_other * s;
       }

@@ -1,0 +1,207 @@
+// Regression tests for the op defects of issue 9, one reproducer per case as the issue states
+// it (found by differential testing against PyTorch 1.13 and by hostile inputs). Each comment
+// says what went wrong before the fix.
+#include <cmath>
+#include <limits>
+
+#include "autograd/gradcheck.h"
+#include "tests/helpers.h"
+
+using namespace tapestry;
+using namespace tapestry::testing;
+
+namespace {
+const double kInf = std::numeric_limits<double>::infinity();
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+}  // namespace
+
+TEST_CASE("regression: reductions over dim 0 / -1 of a 0-d tensor") {
+  // mean/var over {0} of a 0-d tensor read past an empty shape (segfault).
+  Tensor x0 = scalar_tensor(2.0, kFloat64);
+  Tensor m = mean(x0, {0});
+  CHECK(m.dim() == 0);
+  CHECK(m.item<double>() == 2.0);
+  CHECK(mean(x0, {-1}, true).dim() == 0);
+  CHECK(std::isnan(var(x0, {0}, 0).item<double>()) == false);
+  CHECK(var(x0, {0}, 0).item<double>() == 0.0);
+  CHECK(std::isnan(var(x0, {0}, 1).item<double>()));  // 0 / max(0, 1 - 1), as torch.var
+  CHECK(!error_of([&] { sum(x0, {1}); }).empty());     // only 0 and -1 name the element
+  // size(0) of a 0-d tensor read past an empty vector too: now an error, as in PyTorch.
+  CHECK(error_of([] { scalar_tensor(1.0).size(0); }).find("0-d tensor has no dimensions") != std::string::npos);
+  CHECK(error_of([] { scalar_tensor(1.0).stride(-1); }).find("0-d tensor has no dimensions") != std::string::npos);
+}
+
+TEST_CASE("regression: sum over dim 0 of a 0-d tensor has gradient 1") {
+  // The forward ran, then backward threw "expand: cannot expand shape [1] to []".
+  Tensor x0 = scalar_tensor(3.0, kFloat64).requires_grad_();
+  sum(x0, {0}).backward();
+  check_values(x0.grad(), {1.0});
+  CHECK(gradcheck([](const TensorList& in) { return sum(in[0], {0}); }, {scalar_tensor(0.5, kFloat64).requires_grad_()}));
+  CHECK(gradcheck([](const TensorList& in) { return mean(in[0], {-1}, true); },
+                  {scalar_tensor(0.5, kFloat64).requires_grad_()}));
+}
+
+TEST_CASE("regression: index_select on a 0-d tensor") {
+  // Several indices wrote past the one-element output (heap overflow). PyTorch 1.13 returns the
+  // 0-d value for [0, 0]; newer PyTorch raises, and so does tapestry.
+  Tensor x0 = scalar_tensor(5.0, kFloat64);
+  CHECK(error_of([&] { index_select(x0, 0, tensor({0, 0})); }).find("a 0-d tensor takes exactly one index, got 2") !=
+        std::string::npos);
+  Tensor y = index_select(x0, 0, tensor({0}));
+  CHECK(y.dim() == 0);
+  CHECK(y.item<double>() == 5.0);
+  CHECK(gradcheck([](const TensorList& in) { return index_select(in[0], 0, tensor({0})); },
+                  {scalar_tensor(0.5, kFloat64).requires_grad_()}));
+}
+
+TEST_CASE("regression: in-place ops with an operand that requires grad are recorded") {
+  // y.add_(z) left y without history and z.grad() unset, silently.
+  Tensor z = tensor({1.0, 2.0, 3.0}).requires_grad_();
+  Tensor y = zeros({3}, kFloat64);
+  y.add_(z);
+  CHECK(y.requires_grad());
+  CHECK(!y.is_leaf());
+  sum(mul(y, y)).backward();
+  check_values(z.grad(), {2, 4, 6});
+
+  Tensor a = tensor({1.0, 2.0}).requires_grad_();
+  Tensor t = tensor({10.0, 20.0});
+  t.sub_(a);  // t = t - a
+  t.mul_(a);  // t = (t - a) * a
+  t.div_(tensor({2.0, 4.0}));
+  sum(t).backward();
+  // d/da ((c - a) a / k) = (c - 2a) / k
+  check_values(a.grad(), {(10 - 2.0) / 2, (20 - 4.0) / 4});
+
+  Tensor s = tensor({1.0, 2.0}).requires_grad_();
+  Tensor dst = zeros({2}, kFloat64);
+  dst.copy_(s);
+  sum(mul(dst, 3.0)).backward();
+  check_values(s.grad(), {3, 3});
+
+  // On a non-leaf that requires grad, the old history is kept (and cut where overwritten).
+  Tensor w = tensor({1.0, 2.0}).requires_grad_();
+  Tensor h = mul(w, 2.0);
+  h.add_(1.0);
+  h.mul_(w);  // h = (2w + 1) w
+  sum(h).backward();
+  check_values(w.grad(), {4 * 1.0 + 1, 4 * 2.0 + 1});
+  Tensor v = tensor({1.0, 2.0}).requires_grad_();
+  Tensor hv = mul(v, 2.0);
+  hv.fill_(7.0);
+  sum(mul(hv, v)).backward();
+  check_values(v.grad(), {7, 7});  // the filled values carry no gradient back to v
+
+  // gradcheck through each in-place form
+  for (int op = 0; op < 5; ++op) {
+    INFO("op ", op);
+    CHECK(gradcheck(
+        [op](const TensorList& in) {
+          Tensor base = mul(in[0], 1.5);  // a non-leaf target
+          switch (op) {
+            case 0: base.add_(in[1], 0.5); break;
+            case 1: base.sub_(in[1]); break;
+            case 2: base.mul_(in[1]); break;
+            case 3: base.div_(add(in[1], 3.0)); break;
+            default: base.copy_(in[1]); break;
+          }
+          return base;
+        },
+        {tensor({0.3, -0.7, 1.1}).requires_grad_(), tensor({0.2, 0.4, -0.9}).requires_grad_()}));
+  }
+}
+
+TEST_CASE("regression: in-place autograd refuses what it cannot follow") {
+  Tensor leaf = tensor({1.0}).requires_grad_();
+  CHECK(error_of([&] { leaf.add_(1.0); }).find("leaf tensor") != std::string::npos);
+  Tensor base = zeros({2, 2}, kFloat64);
+  Tensor view = base.select(0, 0);
+  Tensor z = tensor({1.0, 2.0}).requires_grad_();
+  CHECK(error_of([&] { view.add_(z); }).find("shares its storage with another tensor") != std::string::npos);
+  {
+    NoGradGuard g;  // no recording: a plain write
+    view.add_(z);
+  }
+  check_values(base, {1, 2, 0, 0});
+  Tensor small = zeros({1}, kFloat64);
+  CHECK(error_of([&] { small.add_(z); }).find("cannot be written in place") != std::string::npos);
+}
+
+TEST_CASE("regression: label-smoothed cross_entropy gradient when q does not sum to 1") {
+  // Backward assumed sum(q) = 1; with V = 2 and ignore_index a class (or V = 1) it is 1 - eps.
+  CHECK(gradcheck(
+      [](const TensorList& in) { return cross_entropy(in[0], tensor({1}), 0.1, 0); },
+      {tensor({0.3, -0.2}, {1, 2}).requires_grad_()}));
+  CHECK(gradcheck([](const TensorList& in) { return cross_entropy(in[0], tensor({0, 0}), 0.2); },
+                  {tensor({0.3, -0.2}, {2, 1}).requires_grad_()}));
+  CHECK(gradcheck([](const TensorList& in) { return cross_entropy(in[0], tensor({2, 0, 1}), 0.1, 1); },
+                  {tensor({0.3, -0.2, 0.5, 1.0, -1.0, 0.1, 0.2, 0.0, 0.7}, {3, 3}).requires_grad_()}));
+}
+
+TEST_CASE("regression: cross_entropy with -inf logits") {
+  // [[0, -inf, 1]], target 0 gave NaN: 0 * (-inf) in the smoothing term. torch gives 1.3133.
+  Tensor logits = tensor({0.0, -kInf, 1.0}, {1, 3});
+  CHECK(cross_entropy(logits, tensor({0})).item<double>() == doctest::Approx(1.3132616875));
+  Tensor lf = tensor({0.0f, -std::numeric_limits<float>::infinity(), 1.0f}, {1, 3});
+  CHECK(cross_entropy(lf, tensor({0})).item<double>() == doctest::Approx(1.3132616875).epsilon(1e-6));
+  // The masked class is the padding class: q is 0 there, so it contributes nothing.
+  Tensor pad_masked = tensor({0.0, -kInf, 1.0, 0.5}, {1, 4});
+  double loss = cross_entropy(pad_masked, tensor({0}), 0.1, 1).item<double>();
+  CHECK(std::isfinite(loss));
+  // With smoothing mass on a -inf class the loss is +inf, as in PyTorch.
+  CHECK(cross_entropy(logits, tensor({0}), 0.1).item<double>() == kInf);
+  // The gradient through a masked logit is finite and 0 at the masked class.
+  Tensor lg = tensor({0.0, -kInf, 1.0}, {1, 3}).requires_grad_();
+  cross_entropy(lg, tensor({2})).backward();
+  std::vector<double> g = values(lg.grad());
+  CHECK(g[1] == 0.0);
+  CHECK(std::isfinite(g[0]));
+}
+
+TEST_CASE("regression: embedding padding_idx out of range is refused in forward") {
+  Tensor w = ones({3, 2}, kFloat64);
+  CHECK(error_of([&] { embedding(w, tensor({0, 1}), 3); }).find("embedding: padding_idx 3 is out of range") !=
+        std::string::npos);
+  CHECK(error_of([&] { embedding(w, tensor({0, 1}), -2); }).find("padding_idx -2") != std::string::npos);
+  CHECK(embedding(w, tensor({0, 1}), 2).sizes() == Shape{2, 2});
+}
+
+TEST_CASE("regression: shape_numel refuses overflowing shapes") {
+  CHECK(error_of([] { shape_numel({int64_t(1) << 62, 4}); }).find("more than 2^63 elements") != std::string::npos);
+  CHECK(error_of([] { shape_numel({-1, 4}); }).find("invalid") != std::string::npos);
+  CHECK(error_of([] { empty({int64_t(1) << 40, int64_t(1) << 40}); }).find("2^63") != std::string::npos);
+}
+
+TEST_CASE("regression: float32 exp on NaN and inf") {
+  // vexp converted NaN to int (UB) and gave a finite value for +inf.
+  Tensor x = tensor({std::nanf(""), std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), 0.0f});
+  Tensor s = softmax(x, 0);
+  for (double v : values(s)) CHECK(std::isnan(v));  // torch: all NaN when a NaN is in the row
+  Tensor y = softmax(tensor({0.0f, -std::numeric_limits<float>::infinity()}), 0);
+  check_values(y, {1, 0});
+}
+
+TEST_CASE("regression: PyTorch semantics for relu(NaN), narrow, chunk, var, linear") {
+  // relu(NaN) gave 0; torch gives NaN.
+  CHECK(std::isnan(relu(tensor({kNaN})).item<double>()));
+  // narrow with a negative start threw; torch counts it from the end.
+  check_values(arange(5).narrow(0, -2, 2), {3, 4});
+  CHECK(!error_of([] { arange(5).narrow(0, -6, 1); }).empty());
+  // chunk of an empty dim gave 1 part; torch gives `chunks` empty parts.
+  TensorList parts = chunk(zeros({0, 2}), 3);
+  CHECK(parts.size() == 3);
+  for (const Tensor& p : parts) CHECK(p.sizes() == Shape{0, 2});
+  CHECK(chunk(zeros({5, 2}), 3).size() == 3);
+  // var of an empty tensor gave -0; torch gives NaN (0 / max(0, 0 - 1)).
+  CHECK(std::isnan(var(zeros({0}, kFloat64)).item<double>()));
+  CHECK(std::isnan(mean(zeros({0}, kFloat64)).item<double>()));
+  // linear with in_features 0 threw; torch gives the bias.
+  Tensor b = tensor({1.0, 2.0});
+  Tensor y = linear(zeros({3, 0}, kFloat64), zeros({2, 0}, kFloat64), b);
+  check_values(y, {1, 2, 1, 2, 1, 2});
+  Tensor bg = tensor({1.0, 2.0}).requires_grad_();
+  Tensor wg = zeros({2, 0}, kFloat64).requires_grad_();
+  sum(linear(zeros({3, 0}, kFloat64), wg, bg)).backward();
+  check_values(bg.grad(), {3, 3});
+  CHECK(wg.grad().sizes() == Shape{2, 0});
+}

@@ -87,8 +87,10 @@ TEST_CASE("safetensors: exact bytes, all dtypes, bad files give clear errors") {
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
   CHECK(n % 8 == 0);
-  std::string head = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{)";
-  CHECK(bytes.substr(8, head.size()) == head);
+  std::string meta = R"({"__metadata__":{"tapestry.crc32":")";  // the data's checksum comes first
+  CHECK(bytes.substr(8, meta.size()) == meta);
+  std::string head = R"("},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{)";
+  CHECK(bytes.substr(8 + meta.size() + 8, head.size()) == head);
   auto f = nn::load_safetensors(path).as_map();
   CHECK(values(f.at("a")) == std::vector<double>{1, 2});
   CHECK(f.at("b").dtype() == kInt64);

@@ -2,9 +2,13 @@
 // it (found by differential testing against PyTorch 1.13 and by hostile inputs). Each comment
 // says what went wrong before the fix.
 #include <cmath>
+#include <unistd.h>
+
+#include <fstream>
 #include <limits>
 
 #include "autograd/gradcheck.h"
+#include "nn/safetensors.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;
@@ -204,4 +208,75 @@ TEST_CASE("regression: PyTorch semantics for relu(NaN), narrow, chunk, var, line
   sum(linear(zeros({3, 0}, kFloat64), wg, bg)).backward();
   check_values(bg.grad(), {3, 3});
   CHECK(wg.grad().sizes() == Shape{2, 0});
+}
+
+// ---- checkpoint files (nn/safetensors): what a damaged or crafted file does
+
+namespace {
+std::string temp_file(const std::string& name) { return "/tmp/tapestry_regress_" + std::to_string(::getpid()) + "_" + name; }
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+void write_all(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+// A safetensors file with this exact header text and `data_bytes` zero bytes of data.
+std::string raw_safetensors(const std::string& header, size_t data_bytes, int64_t length_delta = 0) {
+  std::string b;
+  uint64_t n = header.size() + length_delta;
+  for (int i = 0; i < 8; ++i) b.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  return b + header + std::string(data_bytes, '\0');
+}
+std::string load_error(const std::string& path) {
+  return error_of([&] { nn::load_safetensors(path); });
+}
+}  // namespace
+
+TEST_CASE("regression: safetensors loader rejects damaged and crafted files") {
+  std::string path = temp_file("bad.safetensors");
+  // Duplicate tensor name: the last one won silently.
+  write_all(path, raw_safetensors(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8));
+  CHECK(load_error(path).find("the name 'x' appears twice") != std::string::npos);
+  // A [2^62+1, 4] tensor backed by 16 bytes: the element count overflowed to a small number.
+  write_all(path, raw_safetensors(R"({"x":{"dtype":"F32","shape":[4611686018427387905,4],"data_offsets":[0,16]}})", 16));
+  CHECK(load_error(path).find("invalid shape") != std::string::npos);
+  // Gaps and overlaps in the data section.
+  write_all(path, raw_safetensors(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8));
+  CHECK(load_error(path).find("leaves a gap") != std::string::npos);
+  write_all(path, raw_safetensors(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8));
+  CHECK(load_error(path).find("overlaps") != std::string::npos);
+  write_all(path, raw_safetensors(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8));
+  CHECK(load_error(path).find("cover 4 of the 8 data bytes") != std::string::npos);
+  // A directory where the file should be gave an uncaught std::ios_failure.
+  CHECK(load_error("/tmp").find("is not a regular file") != std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("regression: safetensors header length off by one and flipped data bytes are caught") {
+  std::string path = temp_file("w.safetensors");
+  nn::save_safetensors(path, {{"w", tensor({1.0f, 2.0f, 3.0f, 4.0f})}, {"b", tensor({0.5f})}}, {{"step", "3"}});
+  auto ok = nn::load_safetensors(path);
+  CHECK(ok.metadata.at("step") == "3");
+  CHECK(ok.metadata.count(nn::kChecksumKey) == 0);
+  std::string good = read_all(path);
+  for (int delta : {-1, 1}) {
+    std::string b = good;
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(b[i])) << (8 * i);
+    n += delta;
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    write_all(path, b);
+    INFO("header length off by ", delta);
+    CHECK(!load_error(path).empty());
+  }
+  for (size_t k = 1; k <= 4; ++k) {  // flip one bit in the data section: the checksum catches it
+    std::string b = good;
+    b[b.size() - k] ^= 0x10;
+    write_all(path, b);
+    CHECK(load_error(path).find("checksum mismatch") != std::string::npos);
+  }
+  std::remove(path.c_str());
 }

@@ -1,5 +1,6 @@
 // tapestry: the whole public API in one include.
 #pragma once
+#include "autograd/anomaly.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"

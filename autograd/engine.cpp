@@ -5,6 +5,9 @@
 // once, for every op.
 #include <unordered_map>
 
+#include <cmath>
+
+#include "autograd/anomaly.h"
 #include "autograd/node.h"
 #include "ops/factory.h"
 #include "ops/kernels.h"
@@ -14,10 +17,30 @@ namespace tapestry {
 
 namespace {
 thread_local bool grad_enabled = true;
+bool anomaly_enabled = false;
+
+// The first non-finite element of a floating tensor (NaN only, or NaN and inf), as a string, or "".
+std::string first_bad_value(const Tensor& t, bool nan_only) {
+  if (!is_floating(t.dtype()) || t.numel() == 0) return "";
+  Tensor c = kernels::contiguous(t);
+  std::string found;
+  dispatch_floating(c.dtype(), "detect_anomaly", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* p = c.data_ptr<T>();
+    for (int64_t i = 0; i < c.numel(); ++i)
+      if (std::isnan(p[i]) || (!nan_only && std::isinf(p[i]))) {
+        found = fmt::format("{} at element {}", static_cast<double>(p[i]), i);
+        return;
+      }
+  });
+  return found;
 }
+}  // namespace
 
 bool GradMode::is_enabled() { return grad_enabled; }
 void GradMode::set_enabled(bool on) { grad_enabled = on; }
+bool AnomalyMode::is_enabled() { return anomaly_enabled; }
+void AnomalyMode::set_enabled(bool on) { anomaly_enabled = on; }
 
 SavedTensor::SavedTensor(const Tensor& t, const char* op)
     : data_(t.defined() ? t.detach() : Tensor()), version_(t.defined() ? t.version() : 0), op_(op) {}
@@ -66,6 +89,11 @@ std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
 
 Tensor record(const char* name, Tensor out, const TensorList& inputs, BackwardFn backward) {
   if (!any_requires_grad(inputs)) return out;
+  if (anomaly_enabled) {
+    std::string bad = first_bad_value(out, true);
+    TP_CHECK(bad.empty(), "detect_anomaly: the forward of the op recorded as {} produced {} in its output of shape {}",
+             name, bad, out.sizes());
+  }
   auto node = std::make_shared<Node>();
   node->name = name;
   for (const Tensor& t : inputs) {
@@ -195,6 +223,13 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
     }
     TP_CHECK(grads.size() == node->next.size(), "backward: {} returned {} gradients for {} inputs", node->name,
              grads.size(), node->next.size());
+    if (anomaly_enabled)
+      for (size_t i = 0; i < grads.size(); ++i) {
+        if (!node->next[i] || !grads[i].defined()) continue;
+        std::string bad = first_bad_value(grads[i], false);
+        TP_CHECK(bad.empty(), "detect_anomaly: {} returned {} in the gradient of its input {} (shape {})", node->name,
+                 bad, i, grads[i].sizes());
+      }
     if (!retain_graph) {
       node->backward = nullptr;  // frees the saved tensors
       node->released = true;

@@ -38,7 +38,7 @@ std::vector<std::string> read_nonempty(const std::string& path) {
 ParallelCorpus load_parallel(const std::string& dir, const std::string& split, const std::string& src_lang,
                              const std::string& tgt_lang) {
   std::string src_path = find_file(dir, split + "." + src_lang), tgt_path = find_file(dir, split + "." + tgt_lang);
-  ParallelCorpus c{read_nonempty(src_path), read_nonempty(tgt_path)};
+  ParallelCorpus c{read_nonempty(src_path), read_nonempty(tgt_path), src_path, tgt_path};
   TP_CHECK(c.src.size() == c.tgt.size(), "{} has {} lines but {} has {}: the files are not aligned", src_path,
            c.src.size(), tgt_path, c.tgt.size());
   TP_CHECK(!c.src.empty(), "{}: no sentences", src_path);

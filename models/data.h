@@ -11,6 +11,7 @@ namespace tapestry::models {
 
 struct ParallelCorpus {
   std::vector<std::string> src, tgt;  // line i of src translates to line i of tgt
+  std::string src_path, tgt_path;      // the files they came from, for messages
 };
 
 // The data directory: $TAPESTRY_DATA if set, else ../shared/data/multi30k (next to the checkout).

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "nn/safetensors.h"
 #include "ops/error.h"
 
 namespace tapestry::models {
@@ -20,7 +21,12 @@ void Subword::train(const std::vector<std::string>& sentences, const std::string
   {
     std::ofstream out(input);
     for (const auto& s : sentences) out << s << '\n';
-    TP_CHECK(out.good(), "subword: cannot write {}", input);
+    out.flush();
+    if (!out.good()) {
+      out.close();
+      std::remove(input.c_str());
+      throw Error(fmt::format("subword: cannot write {} (disk full?)", input));
+    }
   }
   std::string args = fmt::format(
       "--input={} --model_prefix={} --vocab_size={} --model_type=unigram --character_coverage=1.0 "
@@ -31,8 +37,24 @@ void Subword::train(const std::vector<std::string>& sentences, const std::string
   auto status = sentencepiece::SentencePieceTrainer::Train(args);
   std::remove(input.c_str());
   std::remove((prefix + ".vocab").c_str());
-  TP_CHECK(status.ok(), "subword: SentencePiece training failed: {}", status.ToString());
-  TP_CHECK(std::rename((prefix + ".model").c_str(), model_path.c_str()) == 0, "subword: cannot write {}", model_path);
+  const std::string trained = prefix + ".model";
+  if (!status.ok()) {
+    std::remove(trained.c_str());
+    throw Error(fmt::format("subword: SentencePiece training failed: {}", status.ToString()));
+  }
+  // A full disk can leave a torn model file behind a successful status: the model must load
+  // before it replaces model_path, which then happens in one rename (with fsync).
+  std::string bytes;
+  {
+    std::ifstream in(trained, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  sentencepiece::SentencePieceProcessor check;
+  auto loaded = check.LoadFromSerializedProto(bytes);
+  std::remove(trained.c_str());
+  TP_CHECK(loaded.ok(), "subword: the trained model does not load ({}); nothing was written to {}", loaded.ToString(),
+           model_path);
+  nn::write_file_atomic(model_path, bytes);
 }
 
 Subword::Subword(const std::string& model_path) : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {

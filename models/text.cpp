@@ -44,6 +44,15 @@ long invalid_utf8_at(const std::string& s) {
 }
 
 namespace {
+// A line this long is not a sentence: /dev/zero or a binary file would otherwise grow one
+// line until memory runs out.
+constexpr size_t kMaxLineBytes = 1 << 20;
+
+void check_line_length(const std::string& line, const std::vector<std::string>& out, const std::string& name) {
+  TP_CHECK(line.size() <= kMaxLineBytes, "{}:{}: line longer than {} bytes (not a text corpus?)", name, out.size() + 1,
+           kMaxLineBytes);
+}
+
 void finish_line(std::string& line, std::vector<std::string>& out, const std::string& name) {
   if (!line.empty() && line.back() == '\r') line.pop_back();
   long bad = invalid_utf8_at(line);
@@ -66,12 +75,19 @@ std::vector<std::string> read_lines(const std::string& path) {
         if (buf[i] == '\n') finish_line(line, out, path);
         else line.push_back(buf[i]);
       }
+      check_line_length(line, out, path);
     }
     if (n < 0) {
       int code;
       std::string msg = gzerror(f, &code);
       throw Error(fmt::format("{}: read error after line {}: {}", path, out.size(), msg));
     }
+    // A .gz cut short reads like a shorter file unless the end of the stream is checked: zlib
+    // reports a truncated stream as Z_BUF_ERROR ("unexpected end of file") once reading stops.
+    int code = Z_OK;
+    std::string msg = gzerror(f, &code);
+    TP_CHECK(code == Z_OK || code == Z_STREAM_END, "{}: the compressed file is truncated or damaged after line {}: {}",
+             path, out.size(), msg);
     if (!line.empty()) finish_line(line, out, path);
   } catch (...) {
     gzclose(f);
@@ -84,7 +100,10 @@ std::vector<std::string> read_lines(const std::string& path) {
 std::vector<std::string> read_lines(std::istream& in, const std::string& name) {
   std::vector<std::string> out;
   std::string line;
-  while (std::getline(in, line)) finish_line(line, out, name);
+  while (std::getline(in, line)) {
+    check_line_length(line, out, name);
+    finish_line(line, out, name);
+  }
   return out;
 }
 

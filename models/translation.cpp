@@ -8,12 +8,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "models/bleu.h"
 #include "models/data.h"
 #include "models/plot.h"
+#include "models/run_dir.h"
 #include "models/subword.h"
 #include "models/transformer.h"
+#include "autograd/anomaly.h"
 #include "nn/safetensors.h"
 #include "ops/factory.h"
 #include "optim/optimizer.h"
@@ -52,12 +55,18 @@ struct Encoded {
   std::vector<std::vector<int64_t>> src, tgt;
 };
 
-Encoded encode(const Subword& sp, const ParallelCorpus& c, int64_t limit) {
+// Subword ids of the first `limit` pairs (0: all). A sentence that cannot fit in a batch of
+// max_tokens padded tokens is refused here, naming its file and line, before training starts.
+Encoded encode(const Subword& sp, const ParallelCorpus& c, int64_t limit, int64_t max_tokens) {
   Encoded e;
   size_t n = limit > 0 ? std::min<size_t>(c.src.size(), static_cast<size_t>(limit)) : c.src.size();
   for (size_t i = 0; i < n; ++i) {
     e.src.push_back(sp.encode(c.src[i]));
     e.tgt.push_back(sp.encode(c.tgt[i]));
+    for (auto [ids, path, extra] : {std::tuple{&e.src.back(), &c.src_path, 0}, std::tuple{&e.tgt.back(), &c.tgt_path, 1}})
+      TP_CHECK(static_cast<int64_t>(ids->size()) + extra <= max_tokens,
+               "{}:{}: the sentence is {} subword tokens, more than a batch holds (--max-tokens {})", *path, i + 1,
+               ids->size() + extra, max_tokens);
   }
   return e;
 }
@@ -106,6 +115,57 @@ std::vector<std::string> head(const std::vector<std::string>& v, int64_t limit) 
 
 std::string toml_string(const std::string& v) { return "\"" + v + "\""; }  // options_to_toml checks v
 
+// A number from a checkpoint's metadata; a value that does not parse names the file and key.
+template <class T> T meta_number(const std::map<std::string, std::string>& meta, const std::string& path, const char* key) {
+  auto it = meta.find(key);
+  TP_CHECK(it != meta.end(), "resume: {} has no '{}' entry (not a training checkpoint)", path, key);
+  try {
+    size_t used = 0;
+    T v;
+    if constexpr (std::is_floating_point_v<T>) v = static_cast<T>(std::stod(it->second, &used));
+    else v = static_cast<T>(std::stoll(it->second, &used));
+    if (used == it->second.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw Error(fmt::format("resume: {}: '{}' is '{}', not a number: the checkpoint is damaged", path, key, it->second));
+}
+
+bool exists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
+}
+
+// Sum of squares of every parameter, in float64: finite exactly when every weight is.
+bool weights_finite(const nn::Module& model) {
+  NoGradGuard no_grad;
+  double total = 0;
+  for (const Tensor& p : model.parameters()) {
+    Tensor p64 = p.to(DType::Float64);
+    total += sum(p64 * p64).item<double>();
+  }
+  return std::isfinite(total);
+}
+
+// The files a run writes into its folder (Note [Run folders]); epoch copies are matched by prefix.
+const char* const kRunFiles[] = {"checkpoint.safetensors", "model.safetensors", "optimizer.safetensors",
+                                 "model.best.safetensors", "model.avg.safetensors", "spm.model", "spm.recipe",
+                                 "config.toml", "curves.svg"};
+
+bool holds_run(const std::string& dir) {
+  for (const char* f : kRunFiles)
+    if (exists(dir + "/" + f)) return true;
+  return false;
+}
+
+void remove_run(const std::string& dir) {
+  std::error_code ec;
+  for (const char* f : kRunFiles) std::filesystem::remove(dir + "/" + f, ec);
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("model.epoch", 0) == 0) std::filesystem::remove(entry.path(), ec);
+  }
+}
+
 std::string toml_number(double v) {
   std::string s = fmt::format("{}", v);
   return s.find_first_of(".en") == std::string::npos ? s + ".0" : s;  // a TOML float has a point or exponent
@@ -148,7 +208,16 @@ std::string options_to_toml(const TranslationOptions& o) {
 
 TranslationResult train_translation(const TranslationOptions& o) {
   TP_CHECK(o.accumulate >= 1, "train: --accumulate must be at least 1, got {}", o.accumulate);
-  TP_CHECK(o.clip_norm >= 0, "train: --clip-norm must be >= 0 (0: no clipping), got {}", o.clip_norm);
+  TP_CHECK(std::isfinite(o.clip_norm) && o.clip_norm >= 0, "train: --clip-norm must be >= 0 (0: no clipping), got {}",
+           o.clip_norm);
+  TP_CHECK(std::isfinite(o.lr_factor) && o.lr_factor > 0, "train: --lr-factor must be a positive number, got {}",
+           o.lr_factor);
+  TP_CHECK(std::isfinite(o.alpha) && o.alpha >= 0, "train: --alpha must be a number >= 0, got {}", o.alpha);
+  TP_CHECK(o.dropout >= 0 && o.dropout < 1, "train: --dropout must be in [0, 1), got {}", o.dropout);
+  TP_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, "train: --label-smoothing must be in [0, 1), got {}",
+           o.label_smoothing);
+  TP_CHECK(o.on_nan == "stop" || o.on_nan == "skip", "train: --on-nan must be stop or skip, got '{}'", o.on_nan);
+  TP_CHECK(!(o.resume && o.overwrite), "train: --resume and --overwrite contradict each other; choose one");
   const std::string dir = o.data_dir.empty() ? default_data_dir() : o.data_dir;
   ParallelCorpus train = load_parallel(dir, o.train_split, o.src_lang, o.tgt_lang);
   ParallelCorpus val = load_parallel(dir, o.val_split, o.src_lang, o.tgt_lang);
@@ -157,22 +226,48 @@ TranslationResult train_translation(const TranslationOptions& o) {
   std::filesystem::create_directories(o.out_dir, mkdir_error);  // with its parents, as `mkdir -p`
   TP_CHECK(std::filesystem::is_directory(o.out_dir), "train: cannot create the output directory {}{}", o.out_dir,
            mkdir_error ? ": " + mkdir_error.message() : "");
+  // Note [Run folders]: one run per folder, held by a lock for the life of this call. A folder
+  // that holds a run is refused unless the run is resumed or --overwrite removes it first, and
+  // temp files of writers that died mid-write are removed (no writer can be alive: the lock).
+  RunLock lock(o.out_dir);
+  for (const std::string& f : remove_stale_temp_files(o.out_dir))
+    std::printf("train: removed %s/%s, left by an interrupted write\n", o.out_dir.c_str(), f.c_str());
+  if (holds_run(o.out_dir) && !o.resume) {
+    TP_CHECK(o.overwrite, "train: {} already holds a run; pass --resume to continue it, or --overwrite to start over "
+             "(which deletes its checkpoints)", o.out_dir);
+    remove_run(o.out_dir);
+    std::printf("train: --overwrite: removed the run in %s\n", o.out_dir.c_str());
+  }
   const std::string config_toml = options_to_toml(o);
   std::printf("config (saved as %s/config.toml):\n%s", o.out_dir.c_str(), config_toml.c_str());
   manual_seed(o.seed);
+  AnomalyGuard anomaly(o.detect_anomaly);
 
-  // Joint subword model on both sides of the (possibly limited) training text.
-  const std::string spm_path = o.out_dir + "/spm.model";
-  if (!std::ifstream(spm_path).good()) {
+  // Joint subword model on both sides of the (possibly limited) training text. spm.recipe says
+  // what it was trained from; a model trained from anything else is trained again.
+  const std::string spm_path = o.out_dir + "/spm.model", spm_recipe_path = o.out_dir + "/spm.recipe";
+  const std::string spm_recipe = fmt::format("vocab_size = {}\nlimit = {}\nseed = {}\ndata = {}\n", o.vocab_size,
+                                             o.limit, o.seed, dir);
+  bool spm_current = false;
+  if (exists(spm_path) && exists(spm_recipe_path)) {
+    std::ifstream in(spm_recipe_path);
+    std::string recorded((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    spm_current = recorded == spm_recipe;
+  }
+  if (!spm_current) {
+    std::error_code ec;
+    std::filesystem::remove(spm_recipe_path, ec);
     std::vector<std::string> text;
     size_t n = o.limit > 0 ? std::min<size_t>(train.src.size(), static_cast<size_t>(o.limit)) : train.src.size();
     text.insert(text.end(), train.src.begin(), train.src.begin() + n);
     text.insert(text.end(), train.tgt.begin(), train.tgt.begin() + n);
     Subword::train(text, spm_path, o.vocab_size, o.seed);
+    nn::write_file_atomic(spm_recipe_path, spm_recipe);
   }
   Subword sp(spm_path);
   const int64_t V = sp.vocab_size();
-  Encoded tr = encode(sp, train, o.limit), va = encode(sp, val, o.eval_limit);
+  Encoded tr = encode(sp, train, o.limit, o.max_tokens), va = encode(sp, val, o.eval_limit, o.max_tokens);
+  encode(sp, test, o.eval_limit, o.max_tokens);  // only checked: the test set is decoded at the end
   TokenBatcher train_batches(tr.src, tr.tgt, o.max_tokens, Subword::kPad, Subword::kBos, Subword::kEos);
   TokenBatcher val_batches(va.src, va.tgt, o.max_tokens, Subword::kPad, Subword::kBos, Subword::kEos);
 
@@ -199,15 +294,22 @@ TranslationResult train_translation(const TranslationOptions& o) {
   int64_t step = 0;
   const auto run_start = std::chrono::steady_clock::now();
   // Note [Exact resume]: a checkpoint holds the model, the optimizer (moments, step count) and,
-  // in the model file's metadata, the position (epoch, next batch), the running epoch loss and
-  // the random generator's state (dropout seeds come from it). Batches follow from (seed, epoch)
-  // and every kernel is independent of the thread count, so a resumed run replays exactly what
-  // the uninterrupted run would have done. The optimizer file is written first: a crash between
-  // the two writes leaves files whose step counts disagree, which resume refuses. The metadata
-  // also records the recipe that decides the batch plan (`recipe` below), and resume refuses a
-  // run whose options differ. The checkpoint written at the end of an epoch, after its
-  // validation and its epoch copy, points at batch 0 of the next epoch; one written after the
-  // last batch but before that (--save-every, an interruption) resumes into the epoch's end.
+  // in its metadata, the position (epoch, next batch), the running epoch loss and the random
+  // generator's state (dropout seeds come from it). Batches follow from (seed, epoch) and every
+  // kernel is independent of the thread count, so a resumed run replays exactly what the
+  // uninterrupted run would have done. The metadata also records the recipe that decides the
+  // batch plan (`recipe` below), and resume refuses a run whose options differ. The checkpoint
+  // written at the end of an epoch, after its validation and its epoch copy, points at batch 0
+  // of the next epoch; one written after the last batch but before that (--save-every, an
+  // interruption) resumes into the epoch's end.
+  //
+  // Note [Checkpoint unit]: all of it is one file, checkpoint.safetensors (tensors "model.*"
+  // and "optimizer.*"), written to a temp file, fsync'd and renamed over the previous one: a
+  // kill at any instant leaves either the old or the new generation, never a mix, and its CRC
+  // catches damage. model.safetensors (the weights alone, for translate and attention) is
+  // written after it and is not read by resume. Runs from before this format (a model and an
+  // optimizer file) still resume, with the old torn-pair check.
+  const std::string ckpt_path = o.out_dir + "/checkpoint.safetensors";
   const std::string model_path = o.out_dir + "/model.safetensors", opt_path = o.out_dir + "/optimizer.safetensors";
   int64_t start_epoch = 1, start_batch = 0;
   double resumed_loss_sum = 0;
@@ -218,7 +320,11 @@ TranslationResult train_translation(const TranslationOptions& o) {
       {"max_tokens", std::to_string(o.max_tokens)}, {"accumulate", std::to_string(o.accumulate)},
       {"seed", std::to_string(o.seed)},             {"limit", std::to_string(o.limit)}};
   auto save_checkpoint = [&](int64_t epoch, int64_t next_batch, double loss_sum, int64_t tokens) {
-    adam.save(opt_path);
+    TP_CHECK(weights_finite(model), "train: the weights are not finite after step {}; nothing was saved (the last "
+             "checkpoint is intact). Lower --lr-factor or set --clip-norm", step);
+    nn::NamedTensors state;
+    for (auto& [name, t] : model.state_dict()) state.emplace_back("model." + name, t);
+    for (auto& [name, t] : adam.state_dict()) state.emplace_back("optimizer." + name, t);
     auto meta = recipe;
     meta.insert({{"epoch", std::to_string(epoch)},
                  {"next_batch", std::to_string(next_batch)},
@@ -226,45 +332,60 @@ TranslationResult train_translation(const TranslationOptions& o) {
                  {"epoch_loss_sum", fmt::format("{:.17g}", loss_sum)},
                  {"epoch_tokens", std::to_string(tokens)},
                  {"rng", default_generator().state()}});
-    model.save(model_path, meta);
+    nn::save_safetensors(ckpt_path, state, meta);
+    model.save(model_path, {{"config", o.config}, {"pre_norm", o.pre_norm ? "1" : "0"}, {"step", std::to_string(step)}});
   };
-  if (o.resume && std::ifstream(model_path).good()) {
-    auto file = nn::load_safetensors(model_path);
-    auto meta = [&](const char* key) {
-      auto it = file.metadata.find(key);
-      TP_CHECK(it != file.metadata.end(), "resume: {} has no '{}' entry (not a training checkpoint)", model_path, key);
-      return it->second;
-    };
+  const bool legacy = !exists(ckpt_path) && exists(model_path) && exists(opt_path);
+  if (o.resume && (exists(ckpt_path) || legacy)) {
+    const std::string from = legacy ? model_path : ckpt_path;
+    auto file = nn::load_safetensors(from);
+    std::map<std::string, Tensor> model_state, opt_state;
+    if (legacy) {
+      model_state = file.as_map();
+      opt_state = nn::load_safetensors(opt_path).as_map();
+    } else {
+      for (auto& [name, t] : file.tensors) {
+        if (name.rfind("model.", 0) == 0) model_state[name.substr(6)] = t;
+        else if (name.rfind("optimizer.", 0) == 0) opt_state[name.substr(10)] = t;
+        else throw Error(fmt::format("resume: {}: unexpected tensor '{}' (not a training checkpoint)", from, name));
+      }
+    }
     for (const auto& [key, value] : recipe) {
       auto it = file.metadata.find(key);
       if (it == file.metadata.end()) continue;  // older checkpoints lack some (pre_norm absent: post-norm)
       TP_CHECK(it->second == value, "resume: {} was trained with {} = {}, but this run has {} = {}; resume with the "
-               "options of its config.toml", model_path, key, it->second, key, value);
+               "options of its config.toml", from, key, it->second, key, value);
     }
     TP_CHECK(file.metadata.count("pre_norm") || !o.pre_norm, "resume: {} holds a post-norm model but this run asks "
-             "for pre-norm", model_path);
-    model.load_state_dict(file.as_map());
-    adam.load(opt_path);
-    step = std::stoll(meta("step"));
+             "for pre-norm", from);
+    model.load_state_dict(model_state);
+    adam.load_state_dict(opt_state);
+    step = meta_number<int64_t>(file.metadata, from, "step");
     TP_CHECK(adam.step_count() == step, "resume: {} is at step {} but {} at step {}; the checkpoint is torn", opt_path,
-             adam.step_count(), model_path, step);
-    start_epoch = std::stoll(meta("epoch"));
-    start_batch = std::stoll(meta("next_batch"));
-    resumed_loss_sum = std::stod(meta("epoch_loss_sum"));
-    resumed_tokens = std::stoll(meta("epoch_tokens"));
-    default_generator().set_state(meta("rng"));
-    std::printf("resume: from %s at epoch %lld, batch %lld, step %lld\n", model_path.c_str(), (long long)start_epoch,
+             adam.step_count(), from, step);
+    start_epoch = meta_number<int64_t>(file.metadata, from, "epoch");
+    start_batch = meta_number<int64_t>(file.metadata, from, "next_batch");
+    resumed_loss_sum = meta_number<double>(file.metadata, from, "epoch_loss_sum");
+    resumed_tokens = meta_number<int64_t>(file.metadata, from, "epoch_tokens");
+    TP_CHECK(start_epoch >= 1 && start_batch >= 0 && resumed_tokens >= 0, "resume: {}: epoch {}, batch {} is not a "
+             "position: the checkpoint is damaged", from, start_epoch, start_batch);
+    TP_CHECK(file.metadata.count("rng"), "resume: {} has no 'rng' entry (not a training checkpoint)", from);
+    default_generator().set_state(file.metadata.at("rng"));
+    std::printf("resume: from %s at epoch %lld, batch %lld, step %lld\n", from.c_str(), (long long)start_epoch,
                 (long long)start_batch, (long long)step);
     // The best so far stays the best unless a later epoch beats it.
     const std::string best_path = o.out_dir + "/model.best.safetensors";
-    if (std::ifstream(best_path).good()) {
+    if (exists(best_path)) {
       auto best = nn::load_safetensors(best_path).metadata;
       if (best.count("val_bleu") && best.count("epoch")) {
-        result.best_val_bleu = std::stod(best["val_bleu"]);
-        result.best_epoch = std::stoll(best["epoch"]);
+        result.best_val_bleu = meta_number<double>(best, best_path, "val_bleu");
+        result.best_epoch = meta_number<int64_t>(best, best_path, "epoch");
       }
     }
+  } else if (o.resume) {
+    std::printf("resume: no checkpoint in %s yet; starting from the beginning\n", o.out_dir.c_str());
   }
+  StopSignals stop_signals;
   nn::write_file_atomic(o.out_dir + "/config.toml", config_toml);
   for (int64_t epoch = start_epoch; epoch <= o.epochs; ++epoch) {
     auto plan = train_batches.plan(o.seed, epoch);
@@ -290,21 +411,47 @@ TranslationResult train_translation(const TranslationOptions& o) {
         group_tokens += batches.back().tgt_tokens;
       }
       schedule.apply(adam, ++step);
+      double group_loss_sum = 0;
       for (const Batch& b : batches) {
         Tensor loss = model.loss(b.src, b.tgt_in, b.tgt_out, o.label_smoothing);
-        loss_sum += loss.item<double>() * static_cast<double>(b.tgt_tokens);
-        tokens += b.tgt_tokens;
+        group_loss_sum += loss.item<double>() * static_cast<double>(b.tgt_tokens);
         if (batches.size() == 1) {
           loss.backward();
         } else {
           (loss * (static_cast<double>(b.tgt_tokens) / static_cast<double>(group_tokens))).backward();
         }
       }
-      if (o.clip_norm > 0) optim::clip_grad_norm(model.parameters(), o.clip_norm);
-      adam.step();
-      adam.zero_grad();
+      // A non-finite loss or gradient would poison the weights and every checkpoint after it.
+      const double norm = o.clip_norm > 0 ? optim::clip_grad_norm(model.parameters(), o.clip_norm)
+                                          : optim::grad_norm(model.parameters());
       const size_t before = i;
       i = end;
+      if (!std::isfinite(group_loss_sum) || !std::isfinite(norm)) {
+        const std::string what = fmt::format("a non-finite {} ({}) at step {} (epoch {}, batches {}-{})",
+                                             std::isfinite(group_loss_sum) ? "gradient norm" : "loss",
+                                             std::isfinite(group_loss_sum) ? norm : group_loss_sum, step, epoch,
+                                             before + 1, end);
+        adam.zero_grad();
+        TP_CHECK(o.on_nan == "skip", "train: {}; stopped before saving anything, the last checkpoint is intact. Lower "
+                 "--lr-factor, set --clip-norm, find the op with --detect-anomaly, or skip such steps with --on-nan skip",
+                 what);
+        --step;  // the step is not taken: the schedule and the optimizer stay where they were
+        ++result.skipped_steps;
+        std::fprintf(stderr, "train: skipped %s (%lld skipped so far)\n", what.c_str(), (long long)result.skipped_steps);
+        continue;
+      }
+      loss_sum += group_loss_sum;
+      tokens += group_tokens;
+      adam.step();
+      adam.zero_grad();
+      if (StopSignals::pending()) {
+        save_checkpoint(epoch, static_cast<int64_t>(i), loss_sum, tokens);
+        std::printf("\ntrain: %s: stopped after step %lld with a checkpoint in %s; continue with --resume\n",
+                    StopSignals::name(StopSignals::pending()), (long long)step, o.out_dir.c_str());
+        std::fflush(stdout);
+        result.interrupted = StopSignals::pending();
+        return result;
+      }
       if (o.save_every > 0 && step % o.save_every == 0 && i < plan.size())
         save_checkpoint(epoch, static_cast<int64_t>(i), loss_sum, tokens);
       if (o.stop_after > 0 && step == o.stop_after) {  // tests: an interruption right after a checkpoint
@@ -344,9 +491,16 @@ TranslationResult train_translation(const TranslationOptions& o) {
                   {"val_bleu", fmt::format("{:.2f}", r.val_bleu)}});
     }
     save_checkpoint(epoch + 1, 0, 0, 0);
-    std::printf("epoch %lld: train loss %.3f, val loss %.3f, val BLEU %.2f (greedy), %.0f s, %.0f tok/s, elapsed %s\n",
+    if (StopSignals::pending()) {
+      std::printf("train: %s: stopped after epoch %lld with a checkpoint in %s; continue with --resume\n",
+                  StopSignals::name(StopSignals::pending()), (long long)epoch, o.out_dir.c_str());
+      result.interrupted = StopSignals::pending();
+      return result;
+    }
+    std::printf("epoch %lld: train loss %.3f, val loss %.3f, val BLEU %.2f (greedy), %.0f s, %.0f tok/s, elapsed %s%s\n",
                 (long long)epoch, r.train_loss, r.val_loss, r.val_bleu, r.seconds, r.tokens_per_s,
-                clock(seconds_since(run_start)).c_str());
+                clock(seconds_since(run_start)).c_str(),
+                result.skipped_steps ? fmt::format(", {} steps skipped so far", result.skipped_steps).c_str() : "");
     std::fflush(stdout);
     result.epochs.push_back(r);
     // The curves so far (an interrupted run keeps its picture); epochs before a resume are not

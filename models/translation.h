@@ -37,6 +37,9 @@ struct TranslationOptions {
   double alpha = 0.6;
   bool progress = true;
   bool resume = false;       // continue from out_dir's checkpoint, exactly (Note [Exact resume])
+  bool overwrite = false;    // start over in an out_dir that holds a run (its files are removed first)
+  std::string on_nan = "stop";  // a non-finite loss or gradient norm: "stop" (throw, nothing saved) or "skip" the step
+  bool detect_anomaly = false;  // name the first op whose forward gives NaN or whose backward gives NaN/inf
   int64_t save_every = 0;    // also checkpoint every N steps (0: at the end of each epoch only)
   int64_t stop_after = 0;    // stop after N steps, right after a checkpoint (tests interruption)
   int64_t keep = 5;          // keep the last K epoch checkpoints (model.epochE.safetensors)
@@ -62,6 +65,8 @@ struct TranslationResult {
   double test_bleu = 0, val_bleu = 0;  // the final model's (averaged or last), decoded as the test set is
   std::string test_bleu_line;
   bool stopped = false;  // stop_after cut the run short
+  int interrupted = 0;   // the signal (SIGINT/SIGTERM) that stopped the run after a checkpoint, or 0
+  int64_t skipped_steps = 0;  // steps skipped for a non-finite loss or gradient (--on-nan skip)
   double best_val_bleu = -1;
   int64_t best_epoch = 0;
   int64_t averaged = 0;  // how many checkpoints were averaged for the test (0: none)

@@ -149,15 +149,21 @@ void Adam::step() {
   }
 }
 
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+double grad_norm(const std::vector<Tensor>& params) {
   NoGradGuard no_grad;
   double total = 0;
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    total += sum(g.to(DType::Float64) * g.to(DType::Float64)).item<double>();
+    Tensor g64 = g.to(DType::Float64);
+    total += sum(g64 * g64).item<double>();
   }
-  double norm = std::sqrt(total);
+  return std::sqrt(total);
+}
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  NoGradGuard no_grad;
+  double norm = grad_norm(params);
   double coef = max_norm / (norm + 1e-6);
   if (coef < 1)
     for (const Tensor& p : params) {

@@ -89,7 +89,7 @@ TEST_CASE("two epochs on a 1000-pair corpus: the loss falls, checkpoints are wri
   CHECK(r.epochs[1].train_loss < r.epochs[0].train_loss);
   CHECK(r.epochs[1].val_loss < r.epochs[0].val_loss);
   CHECK(std::ifstream(dir + "/run/model.safetensors").good());
-  CHECK(std::ifstream(dir + "/run/optimizer.safetensors").good());
+  CHECK(std::ifstream(dir + "/run/checkpoint.safetensors").good());
   CHECK(std::ifstream(dir + "/run/spm.model").good());
   {
     std::ifstream svg(dir + "/run/curves.svg");
@@ -206,7 +206,7 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
     INFO(name);
     CHECK(allclose(t, (e1.at(name) + e2.at(name)) * 0.5, 1e-6, 1e-7));
   }
-  CHECK(error_of([&] { models::average_checkpoints({dir + "/straight/model.epoch1.safetensors", dir + "/straight/optimizer.safetensors"}); })
+  CHECK(error_of([&] { models::average_checkpoints({dir + "/straight/model.epoch1.safetensors", dir + "/straight/checkpoint.safetensors"}); })
             .find("average_checkpoints:") != std::string::npos);
   {
     models::TranslationOptions k = o;

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <filesystem>
+#include <cmath>
 #include <cstdio>
 
 #include <iostream>
@@ -30,6 +31,34 @@ const CLI::Validator kPositive(
       return "must be a positive integer, got '" + value + "'";
     },
     "POSITIVE");
+
+// Real-valued flags: CLI11's range checks let "nan" through (every comparison with NaN is false).
+CLI::Validator real_at_least(double lo, bool strictly) {
+  return CLI::Validator(
+      [lo, strictly](std::string& value) {
+        try {
+          size_t used = 0;
+          double v = std::stod(value, &used);
+          if (used == value.size() && std::isfinite(v) && (strictly ? v > lo : v >= lo)) return std::string();
+        } catch (const std::exception&) {
+        }
+        return fmt::format("must be a number {} {}, got '{}'", strictly ? ">" : ">=", lo, value);
+      },
+      strictly ? "POSITIVE" : "NONNEGATIVE");
+}
+CLI::Validator real_in(double lo, double hi_exclusive) {
+  return CLI::Validator(
+      [lo, hi_exclusive](std::string& value) {
+        try {
+          size_t used = 0;
+          double v = std::stod(value, &used);
+          if (used == value.size() && v >= lo && v < hi_exclusive) return std::string();
+        } catch (const std::exception&) {
+        }
+        return fmt::format("must be a number in [{}, {}), got '{}'", lo, hi_exclusive, value);
+      },
+      fmt::format("[{}, {})", lo, hi_exclusive));
+}
 
 int run_copy(const models::CopyTaskOptions& o) {
   std::printf("copy task: vocab %lld, length %lld, batch %lld, d_model %lld, %lld+%lld %s-norm layers, %lld heads, "
@@ -105,7 +134,7 @@ int main(int argc, char** argv) {
   std::string norm;
   // Shared by both tasks (their defaults differ: the task's own apply when the flag is absent).
   train->add_option("--warmup", copy.warmup, "Noam warmup steps (copy 400, multi30k see README)")->check(kPositive);
-  train->add_option("--lr-factor", copy.lr_factor, "Noam schedule factor");
+  train->add_option("--lr-factor", copy.lr_factor, "Noam schedule factor")->check(real_at_least(0, true));
   train->add_option("--seed", copy.seed, "random seed");
   train->add_option("--norm", norm, "pre or post: where the layers put LayerNorm (copy: pre, multi30k: see README)")
       ->check(CLI::IsMember({"pre", "post"}));
@@ -132,16 +161,21 @@ int main(int argc, char** argv) {
       ->check(kPositive)
       ->capture_default_str();
   m->add_option("--vocab-size", mt.vocab_size, "subword vocabulary")->check(kPositive)->capture_default_str();
-  m->add_option("--dropout", mt.dropout, "dropout")->check(CLI::Range(0.0, 0.99))->capture_default_str();
+  m->add_option("--dropout", mt.dropout, "dropout")->check(real_in(0.0, 1.0))->capture_default_str();
   m->add_option("--label-smoothing", mt.label_smoothing, "label smoothing")
-      ->check(CLI::Range(0.0, 0.99))
+      ->check(real_in(0.0, 1.0))
       ->capture_default_str();
   m->add_option("--clip-norm", mt.clip_norm, "clip the gradient norm to this (0: no clipping)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(real_at_least(0, false))
       ->capture_default_str();
   m->add_option("--beam", mt.beam, "beam size for the test set (1: greedy)")->check(kPositive)->capture_default_str();
-  m->add_option("--alpha", mt.alpha, "length penalty for the test set")->check(CLI::NonNegativeNumber)->capture_default_str();
+  m->add_option("--alpha", mt.alpha, "length penalty for the test set")->check(real_at_least(0, false))->capture_default_str();
   m->add_flag("--resume", mt.resume, "continue exactly from the checkpoint in --out");
+  m->add_flag("--overwrite", mt.overwrite, "start over in an --out that holds a run (deletes its checkpoints)");
+  m->add_option("--on-nan", mt.on_nan, "a non-finite loss or gradient: stop (nothing saved) or skip the step")
+      ->check(CLI::IsMember({"stop", "skip"}))
+      ->capture_default_str();
+  m->add_flag("--detect-anomaly", mt.detect_anomaly, "name the first op whose forward or backward gives NaN/inf (slow)");
   m->add_option("--save-every", mt.save_every, "also checkpoint every N steps (0: each epoch)")
       ->check(CLI::NonNegativeNumber);
   m->add_option("--keep", mt.keep, "keep the last K epoch checkpoints")->check(kPositive)->capture_default_str();
@@ -177,7 +211,7 @@ int main(int argc, char** argv) {
   translate->add_option("--checkpoint", ckpt_dir, "directory written by `train --task multi30k --out DIR`")->required();
   translate->add_option("--input", input_path, "sentences, one per line (default: standard input)");
   translate->add_option("--beam", tr_beam, "beam size")->check(kPositive)->capture_default_str();
-  translate->add_option("--alpha", tr_alpha, "length penalty")->check(CLI::NonNegativeNumber)->capture_default_str();
+  translate->add_option("--alpha", tr_alpha, "length penalty")->check(real_at_least(0, false))->capture_default_str();
   translate->add_flag("--greedy", tr_greedy, "greedy decoding instead of beam search");
   std::string tr_weights;
   translate->add_option("--weights", tr_weights,
@@ -235,8 +269,8 @@ int main(int argc, char** argv) {
         std::printf("%s", models::options_to_toml(mt).c_str());
         return 0;
       }
-      models::train_translation(mt);
-      return 0;
+      auto result = models::train_translation(mt);
+      return result.interrupted ? 128 + result.interrupted : 0;
     }
     if (*train) return run_copy(copy);
     if (*bench) return tools::run_bench(bo);
@@ -267,6 +301,12 @@ int main(int argc, char** argv) {
     std::printf("%s", app.help().c_str());
     return 0;
   } catch (const Error& e) {
+    std::fprintf(stderr, "tapestry: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "tapestry: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {  // a library's own exception: still one line, never an abort
     std::fprintf(stderr, "tapestry: %s\n", e.what());
     return 1;
   }

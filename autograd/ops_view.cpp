@@ -16,10 +16,19 @@ Tensor alias(const Tensor& a, Shape shape, Shape strides, int64_t offset) {
   return make_tensor(a.impl().storage, std::move(shape), std::move(strides), offset, a.dtype());
 }
 
+// offset + index * stride, wrapping instead of overflowing: the strides of an empty tensor can be
+// huge (contiguous_strides wraps), and a view of it addresses nothing, so any offset will do;
+// for a tensor with elements the result is exact.
+int64_t offset_plus(int64_t offset, int64_t index, int64_t stride) {
+  return static_cast<int64_t>(static_cast<uint64_t>(offset) + static_cast<uint64_t>(index) * static_cast<uint64_t>(stride));
+}
+
 // Resolves one -1 in `shape` from the element count.
 Shape infer_shape(const char* op, const Shape& in, const Shape& shape, int64_t numel) {
   Shape out = shape;
-  int64_t known = 1, infer = -1;
+  int64_t infer = -1;
+  // The product of the given sizes, in 128 bits: huge sizes beside a -1 are valid for an empty input.
+  __int128 known = 1;
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i] == -1) {
       TP_CHECK(infer < 0, "{}: only one dim can be -1, got shape {}", op, shape);
@@ -27,12 +36,13 @@ Shape infer_shape(const char* op, const Shape& in, const Shape& shape, int64_t n
     } else {
       TP_CHECK(out[i] >= 0, "{}: invalid size {} in shape {}", op, out[i], shape);
       known *= out[i];
+      if (known > static_cast<__int128>(INT64_MAX)) known = static_cast<__int128>(INT64_MAX) + 1;  // above any count
     }
   }
   if (infer >= 0) {
     TP_CHECK(known != 0 && numel % known == 0, "{}: shape {} is invalid for an input of shape {} ({} elements)", op,
              shape, in, numel);
-    out[infer] = numel / known;
+    out[infer] = static_cast<int64_t>(numel / known);
   }
   TP_CHECK(shape_numel(out) == numel, "{}: shape {} is invalid for an input of shape {} ({} elements)", op, shape, in,
            numel);
@@ -136,9 +146,14 @@ Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end, int64_t s
   start = std::clamp<int64_t>(start, 0, n);
   end = std::clamp<int64_t>(end, start, n);
   Shape s = a.sizes(), st = a.strides();
-  s[dim] = (end - start + step - 1) / step;
+  s[dim] = (end - start) / step + ((end - start) % step != 0);  // ceil without overflowing for a huge step
+  // A step past the end selects one element; its stride is never walked, so clamp it.
+  if (s[dim] <= 1) {
+    step = 1;
+    end = start + s[dim];
+  }
   st[dim] *= step;
-  Tensor out = alias(a, s, st, a.offset() + start * a.stride(dim));
+  Tensor out = alias(a, s, st, offset_plus(a.offset(), start, a.stride(dim)));
   Shape in = a.sizes();
   return record("SliceBackward", out, {a}, [in, dim, start, end, step](const Tensor& g) {
     Tensor ga = zeros(in, g.dtype());
@@ -157,7 +172,7 @@ Tensor select(const Tensor& a, int64_t dim, int64_t index) {
   Shape s = a.sizes(), st = a.strides();
   s.erase(s.begin() + dim);
   st.erase(st.begin() + dim);
-  Tensor out = alias(a, s, st, a.offset() + index * a.stride(dim));
+  Tensor out = alias(a, s, st, offset_plus(a.offset(), index, a.stride(dim)));
   Shape in = a.sizes();
   return record("SelectBackward", out, {a}, [in, dim, index](const Tensor& g) {
     Tensor ga = zeros(in, g.dtype());
@@ -180,6 +195,7 @@ Tensor expand(const Tensor& a, const Shape& shape_in) {
     }
     int64_t have = a.size(i - lead);
     if (want == -1) want = have;
+    TP_CHECK(want >= 0, "expand: invalid size {} for dim {} (target {})", want, i, shape_in);
     TP_CHECK(want == have || have == 1,
              "expand: cannot expand shape {} to {}: dim {} has size {} (only size-1 dims expand)", a.sizes(), shape_in,
              i - lead, have);
@@ -212,7 +228,7 @@ Tensor squeeze(const Tensor& a, int64_t dim) {
 Tensor unsqueeze(const Tensor& a, int64_t dim) {
   dim = wrap_dim("unsqueeze", dim, a.dim() + 1);
   Shape s = a.sizes(), st = a.strides();
-  int64_t stride = dim < a.dim() ? a.stride(dim) * a.size(dim) : 1;
+  int64_t stride = dim < a.dim() ? offset_plus(0, a.stride(dim), a.size(dim)) : 1;  // wraps only for empty tensors
   s.insert(s.begin() + dim, 1);
   st.insert(st.begin() + dim, stride);
   return reshape_backward_node("UnsqueezeBackward", a, alias(a, s, st, a.offset()));

@@ -42,7 +42,7 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   TP_CHECK(start >= -size(wd) && start <= size(wd), "narrow: start {} is out of range for dim {} of size {} (tensor shape {})",
            start, wd, size(wd), sizes());
   if (start < 0) start += size(wd);  // as in PyTorch, a negative start counts from the end
-  TP_CHECK(start >= 0 && length >= 0 && start + length <= size(wd),
+  TP_CHECK(start >= 0 && length >= 0 && length <= size(wd) - start,
            "narrow: start {} + length {} exceeds dim {} of size {} (tensor shape {})", start, length, wd, size(wd),
            sizes());
   return tapestry::slice(*this, wd, start, start + length);
@@ -59,9 +59,7 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
   end_dim = wrap_dim("flatten", end_dim, dim());
   TP_CHECK(start_dim <= end_dim, "flatten: start_dim {} comes after end_dim {}", start_dim, end_dim);
   Shape s(sizes().begin(), sizes().begin() + start_dim);
-  int64_t n = 1;
-  for (int64_t d = start_dim; d <= end_dim; ++d) n *= size(d);
-  s.push_back(n);
+  s.push_back(shape_numel(Shape(sizes().begin() + start_dim, sizes().begin() + end_dim + 1)));
   s.insert(s.end(), sizes().begin() + end_dim + 1, sizes().end());
   return reshape(s);
 }

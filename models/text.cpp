@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 
 #include "ops/error.h"
 
@@ -72,10 +73,13 @@ std::vector<std::string> read_lines(const std::string& path) {
   try {
     while ((n = gzread(f, buf, sizeof buf)) > 0) {
       for (int i = 0; i < n; ++i) {
-        if (buf[i] == '\n') finish_line(line, out, path);
-        else line.push_back(buf[i]);
+        if (buf[i] == '\n') {
+          finish_line(line, out, path);
+        } else {
+          line.push_back(buf[i]);
+          if (line.size() > kMaxLineBytes) check_line_length(line, out, path);
+        }
       }
-      check_line_length(line, out, path);
     }
     if (n < 0) {
       int code;
@@ -100,10 +104,18 @@ std::vector<std::string> read_lines(const std::string& path) {
 std::vector<std::string> read_lines(std::istream& in, const std::string& name) {
   std::vector<std::string> out;
   std::string line;
-  while (std::getline(in, line)) {
-    check_line_length(line, out, name);
-    finish_line(line, out, name);
+  bool any = false;  // a last line without '\n' still counts
+  for (std::istreambuf_iterator<char> it(in), end; it != end; ++it) {
+    any = true;
+    if (*it == '\n') {
+      finish_line(line, out, name);
+      any = false;
+    } else {
+      line.push_back(*it);
+      if (line.size() > kMaxLineBytes) check_line_length(line, out, name);
+    }
   }
+  if (any) finish_line(line, out, name);
   return out;
 }
 

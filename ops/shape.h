@@ -14,8 +14,14 @@ using Shape = std::vector<int64_t>;
 // small count that a small buffer then passes for.
 inline int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
+  bool empty = false;  // a size-0 dim makes the count 0, however large the others
+  for (int64_t d : s) {
+    TP_CHECK(d >= 0, "shape {} is invalid (negative size)", s);
+    empty = empty || d == 0;
+  }
+  if (empty) return 0;
   for (int64_t d : s)
-    TP_CHECK(d >= 0 && !__builtin_mul_overflow(n, d, &n), "shape {} is invalid (negative size, or more than 2^63 elements)", s);
+    TP_CHECK(!__builtin_mul_overflow(n, d, &n), "shape {} is invalid (more than 2^63 elements)", s);
   return n;
 }
 
@@ -24,7 +30,9 @@ inline Shape contiguous_strides(const Shape& s) {
   int64_t acc = 1;
   for (size_t i = s.size(); i-- > 0;) {
     st[i] = acc;
-    acc *= s[i] > 0 ? s[i] : 1;
+    // Unsigned, so it wraps instead of overflowing: only an empty tensor (whose strides address
+    // nothing) can have sizes whose product exceeds 2^63.
+    acc = static_cast<int64_t>(static_cast<uint64_t>(acc) * static_cast<uint64_t>(s[i] > 0 ? s[i] : 1));
   }
   return st;
 }

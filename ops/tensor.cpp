@@ -68,6 +68,8 @@ int64_t Tensor::stride(int64_t d) const {
 bool Tensor::is_contiguous() const {
   const auto& s = sizes();
   const auto& st = strides();
+  for (int64_t d : s)
+    if (d == 0) return true;  // no element to lay out: contiguous whatever the strides (as PyTorch)
   int64_t expected = 1;
   for (size_t i = s.size(); i-- > 0;) {
     if (s[i] == 1) continue;
@@ -78,6 +80,7 @@ bool Tensor::is_contiguous() const {
 }
 
 void* Tensor::raw_data() const {
+  if (numel() == 0) return impl().storage->data;  // addresses nothing; the offset of an empty view may be anything
   return static_cast<char*>(impl().storage->data) + impl().offset * static_cast<int64_t>(dtype_size(dtype()));
 }
 

@@ -13,6 +13,7 @@
 #include "models/copy_task.h"
 #include "models/text.h"
 #include "models/translation.h"
+#include "tools/config_file.h"
 #include "tools/bench.h"
 #include "tapestry.h"
 
@@ -76,39 +77,6 @@ int run_copy(const models::CopyTaskOptions& o) {
   }
   std::printf("not solved after %lld steps: %.1f%% exact copies\n", (long long)r.steps, 100 * r.accuracy);
   return 1;
-}
-
-// CLI11 2.1 reads config files for the main app only, so train's --config-file is turned into
-// `--key=value` arguments here (TOML through CLI11's own reader), to be placed before the
-// command line's. Keys are train's flag names; an unknown key or a section is an error.
-std::vector<std::string> config_file_args(const CLI::App& train, const std::string& path) {
-  TP_CHECK(std::filesystem::is_regular_file(path), "--config-file {}: not a file", path);
-  std::vector<CLI::ConfigItem> items;
-  try {
-    items = CLI::ConfigTOML().from_file(path);
-  } catch (const CLI::Error& e) {
-    throw Error(fmt::format("--config-file {}: {}", path, e.what()));
-  }
-  std::vector<std::string> args;
-  for (const auto& item : items) {
-    if (item.name == "++" || item.name == "--") continue;  // section markers
-    TP_CHECK(item.parents.empty(), "--config-file {}: '{}' is in a section; write `key = value` at the top level",
-             path, item.fullname());
-    TP_CHECK(item.name != "config-file", "--config-file {}: a config file cannot name another", path);
-    const CLI::Option* option = train.get_option_no_throw("--" + item.name);
-    TP_CHECK(option != nullptr,
-             "--config-file {}: unknown option '{}' (the keys are the flag names of `tapestry train --help`)", path,
-             item.name);
-    for (const auto& value : item.inputs) {
-      if (option->get_expected_max() == 0) {  // a flag: only the `--flag=value` form carries a value
-        args.push_back("--" + item.name + "=" + value);
-      } else {  // two arguments, so an empty value stays a value
-        args.push_back("--" + item.name);
-        args.push_back(value);
-      }
-    }
-  }
-  return args;
 }
 
 }  // namespace
@@ -232,7 +200,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 takes the arguments reversed
     if (!config_file.empty()) {
-      auto from_file = config_file_args(*train, config_file);
+      auto from_file = config_file_args(config_file, train);
       args.insert(std::find(args.begin(), args.end(), "train") + 1, from_file.begin(), from_file.end());
       app.parse(std::vector<std::string>(args.rbegin(), args.rend()));
     }

@@ -1,25 +1,40 @@
 #!/usr/bin/env bash
-# Sets everything up, builds a Release build in build/ and runs the whole test suite.
-#   tools/test.sh                       # the default run (CI calls this)
-#   TAPESTRY_SANITIZE=ON tools/test.sh  # the same suite under ASan+UBSan, in build-sanitize/
+# Sets everything up and runs every test, in three stages (CI runs all three through .ci/run):
+#   release   a Release build in build/ and the whole ctest suite, one test at a time
+#             (labels `long` and `soak` excluded: `ctest -L long` / `-L soak` run them)
+#   sanitize  the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, in build-sanitize/
+#             (RelWithDebInfo), less the `kill` loop (kept to the release stage for time)
+#   fuzz      tools/fuzz.sh: every libFuzzer target for TAPESTRY_FUZZ_SECONDS (default 20) each
+#   tools/test.sh                                   # all three stages
+#   TAPESTRY_TEST_STAGES=release tools/test.sh      # only the release suite (a quick local run)
+#   TAPESTRY_SANITIZE=ON tools/test.sh              # only the sanitizer stage
+#   CTEST_ARGS="-R gradcheck" tools/test.sh         # extra ctest arguments, for every ctest stage
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tools/setup.sh
 tools/setup-reference.sh
 
-sanitize="${TAPESTRY_SANITIZE:-OFF}"
-build_dir=build
-build_type=Release
-if [ "$sanitize" = "ON" ]; then
-  build_dir=build-sanitize
-  build_type=RelWithDebInfo
-fi
+stages="${TAPESTRY_TEST_STAGES:-release sanitize fuzz}"
+[ "${TAPESTRY_SANITIZE:-OFF}" = "ON" ] && stages=sanitize
 jobs="$(nproc)"
 
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" -DTAPESTRY_SANITIZE="$sanitize" >/dev/null
-cmake --build "$build_dir" -j "$jobs"
-cd "$build_dir"
-# One test at a time: each uses every core through OpenMP and OpenBLAS, and two at once on two
-# cores oversubscribe them (spinning OpenMP threads made the copy-task tests 20x slower).
-ctest --output-on-failure -j1 ${CTEST_ARGS:-}
+run_suite() {  # BUILD_DIR BUILD_TYPE SANITIZE EXCLUDED_LABELS
+  cmake -S . -B "$1" -DCMAKE_BUILD_TYPE="$2" -DTAPESTRY_SANITIZE="$3" >/dev/null
+  cmake --build "$1" -j "$jobs"
+  # One test at a time: each uses every core through OpenMP and OpenBLAS, and two at once on two
+  # cores oversubscribe them (spinning OpenMP threads made the copy-task tests 20x slower).
+  (cd "$1" && ctest --output-on-failure -j1 -LE "$4" ${CTEST_ARGS:-})
+}
+
+for stage in $stages; do
+  start=$SECONDS
+  echo "== tools/test.sh: $stage stage"
+  case $stage in
+    release) run_suite build Release OFF "long|soak" ;;
+    sanitize) run_suite build-sanitize RelWithDebInfo ON "long|soak|kill" ;;
+    fuzz) tools/fuzz.sh "${TAPESTRY_FUZZ_SECONDS:-20}" ;;
+    *) echo "tools/test.sh: unknown stage '$stage' (release, sanitize, fuzz)"; exit 2 ;;
+  esac
+  echo "== tools/test.sh: $stage stage passed in $((SECONDS - start)) s"
+done

@@ -78,6 +78,7 @@ void binary_typed(Binary kind, const Tensor& out, const Tensor& a, const Tensor&
 
 // In-place writes into an expanded view would write one element many times (and race).
 void check_writable(const char* op, const Tensor& dst) {
+  if (dst.numel() == 0) return;  // nothing is written
   for (int64_t d = 0; d < dst.dim(); ++d)
     TP_CHECK(dst.stride(d) != 0 || dst.size(d) <= 1,
              "{}: the destination of shape {} (strides {}) is an expanded view whose elements share memory; "

@@ -8,6 +8,7 @@
 // (Summing the leading dims of a contiguous tensor, a whole-tensor sum included, takes a fast
 // path cut into 64-row blocks instead: also a function of the shape only.)
 // (Matmul is OpenBLAS's and may round differently with another thread count.)
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -92,12 +93,19 @@ Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<in
       out_shape.push_back(a.size(d));
     }
   }
-  const int64_t n_out = shape_numel(kept.shape), n_red = shape_numel(red.shape);
+  const bool red_empty = std::find(red.shape.begin(), red.shape.end(), 0) != red.shape.end();
   if (kind != Reduce::Sum)
-    TP_CHECK(n_red > 0, "{}: cannot reduce an empty dimension (input shape {}, dims {})", op, a.sizes(), dims);
+    TP_CHECK(!red_empty, "{}: cannot reduce an empty dimension (input shape {}, dims {})", op, a.sizes(), dims);
+  const int64_t n_out = shape_numel(kept.shape);
   DType out_dtype = (kind == Reduce::Sum && !is_floating(a.dtype())) ? DType::Int64 : a.dtype();
   Tensor out = empty(out_shape, out_dtype);
   if (n_out == 0) return out;
+  if (red_empty) {  // a sum over nothing; the empty input's strides address nothing, so never walk them
+    fill_(out, 0.0);
+    return out;
+  }
+  // With elements to write, n_red * n_out is the input's count (or n_red is 0): no overflow.
+  const int64_t n_red = shape_numel(red.shape);
 
   // Fast path: summing the leading dims of a contiguous tensor ([rows, cols] -> [cols], as bias
   // gradients do) reads rows in order and adds them into per-block column sums; blocks of

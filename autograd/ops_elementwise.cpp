@@ -57,10 +57,12 @@ Tensor extremum(const char* op, const char* node, Binary kind, const Tensor& a, 
   bool is_max = kind == Binary::Maximum;
   return record(node, out, {a, b}, [sa, sb, is_max](const Tensor& g) {
     Tensor av = sa.get(), bv = sb.get();
-    Tensor wins = is_max ? gt(av, bv) : lt(av, bv);
-    Tensor wa = where(wins, scalar_like(1.0, av), where(eq(av, bv), scalar_like(0.5, av), scalar_like(0.0, av)));
-    Tensor ga = mul(g, wa);
-    return TensorList{ga, sub(g, ga)};
+    // As PyTorch: the loser gets 0, a tie half each, and where the comparison is unordered (a
+    // NaN) both inputs get the whole gradient.
+    Tensor a_loses = is_max ? lt(av, bv) : gt(av, bv), b_loses = is_max ? gt(av, bv) : lt(av, bv);
+    Tensor tie = eq(av, bv), half = scalar_like(0.5, av), one = scalar_like(1.0, av), zero = scalar_like(0.0, av);
+    Tensor wa = where(a_loses, zero, where(tie, half, one)), wb = where(b_loses, zero, where(tie, half, one));
+    return TensorList{mul(g, wa), mul(g, wb)};
   });
 }
 }  // namespace
@@ -201,10 +203,10 @@ Tensor clamp(const Tensor& a, double lo, double hi) {
   Tensor out = kernels::unary("clamp", Unary::Clamp, a, lo, hi);
   if (!any_requires_grad({a})) return out;
   SavedTensor x(a, "ClampBackward");
-  // The gradient passes where lo <= x <= hi.
+  // The gradient passes where lo <= x <= hi (not at NaN).
   return record("ClampBackward", out, {a}, [x, lo, hi](const Tensor& g) {
     Tensor xv = x.get(), z = zero_like_scalar(g);
-    return TensorList{where(lt(xv, lo), z, where(gt(xv, hi), z, g))};
+    return TensorList{where(lt(xv, lo), z, where(gt(xv, hi), z, where(ne(xv, xv), z, g)))};  // NaN: 0, as torch
   });
 }
 

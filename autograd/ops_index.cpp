@@ -79,7 +79,9 @@ Tensor stack(const TensorList& tensors, int64_t dim) {
 TensorList split(const Tensor& a, int64_t split_size, int64_t dim) {
   TP_CHECK(a.dim() > 0, "split: cannot split a 0-dim tensor");
   dim = wrap_dim("split", dim, a.dim());
-  TP_CHECK(split_size > 0, "split: split_size must be positive, got {}", split_size);
+  TP_CHECK(split_size > 0 || (split_size == 0 && a.size(dim) == 0),
+           "split: split_size must be positive (0 only for an empty dim), got {} for dim {} of size {}", split_size, dim,
+           a.size(dim));
   TensorList parts;
   for (int64_t pos = 0; pos < a.size(dim); pos += split_size) parts.push_back(slice(a, dim, pos, pos + split_size));
   if (parts.empty()) parts.push_back(a);

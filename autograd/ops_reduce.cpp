@@ -1,6 +1,7 @@
 // Reductions and row-wise normalizations: sum, mean, var, max/min (with indices), argmax,
 // softmax, log_softmax, layer_norm. Forward and backward of each together.
 #include <algorithm>
+#include <cmath>
 
 #include "autograd/functions.h"
 #include "ops/kernels.h"
@@ -17,7 +18,10 @@ std::vector<int64_t> reduced_dims(const char* op, const Tensor& a, const std::ve
   if (a.dim() == 0) {
     // As in PyTorch, dim 0 and -1 name the one element of a 0-d tensor: reducing over them is
     // reducing over everything, which leaves the 0-d tensor as it is.
-    for (int64_t d : dims) wrap_dim(op, d, 0);
+    for (int64_t d : dims) out.push_back(wrap_dim(op, d, 0));
+    std::sort(out.begin(), out.end());
+    TP_CHECK(std::adjacent_find(out.begin(), out.end()) == out.end(), "{}: dims {} repeat a dim", op, dims);
+    out.clear();
     return out;
   }
   if (dims.empty()) {
@@ -72,7 +76,9 @@ Tensor extremum_all(const char* op, const char* node, Reduce kind, const Tensor&
   SavedTensor x(a, node), y(out, node);
   // Ties share the gradient evenly, as torch.max() does.
   return record(node, out, {a}, [x, y](const Tensor& g) {
-    Tensor mask = eq(x.get(), y.get());
+    // A NaN maximum came from the NaN elements: they share the gradient (as torch.max()).
+    Tensor yv = y.get();
+    Tensor mask = std::isnan(yv.item<double>()) ? ne(x.get(), x.get()) : eq(x.get(), yv);
     Tensor count = kernels::to_dtype(sum(mask), g.dtype());
     return TensorList{where(mask, div(g, count), scalar_tensor(0.0, g.dtype()))};
   });

@@ -54,7 +54,11 @@ Tensor Tensor::squeeze() const { return tapestry::squeeze(*this); }
 Tensor Tensor::squeeze(int64_t d) const { return tapestry::squeeze(*this, d); }
 Tensor Tensor::unsqueeze(int64_t d) const { return tapestry::unsqueeze(*this, d); }
 Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
-  if (dim() == 0) return reshape({1});
+  if (dim() == 0) {
+    wrap_dim("flatten", start_dim, 0);
+    wrap_dim("flatten", end_dim, 0);
+    return reshape({1});
+  }
   start_dim = wrap_dim("flatten", start_dim, dim());
   end_dim = wrap_dim("flatten", end_dim, dim());
   TP_CHECK(start_dim <= end_dim, "flatten: start_dim {} comes after end_dim {}", start_dim, end_dim);

@@ -584,8 +584,8 @@ Translator load_translator(const std::string& dir, const std::string& weights) {
   }
   TP_CHECK(std::ifstream(t.weights_path).good(), "{} not found{}", t.weights_path,
            weights.empty() ? fmt::format(" (train with `tapestry train --task multi30k --out {}`)", dir) : "");
-  t.subword = std::make_unique<Subword>(dir + "/spm.model");
   auto file = nn::load_safetensors(t.weights_path);
+  t.subword = std::make_unique<Subword>(dir + "/spm.model");
   auto it = file.metadata.find("config");
   TP_CHECK(it != file.metadata.end(), "{} records no config (not written by tapestry train)", t.weights_path);
   const int64_t V = t.subword->vocab_size();

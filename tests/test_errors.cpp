@@ -75,7 +75,7 @@ TEST_CASE("out-of-range indices and dims name the op and the value") {
   check_error(error_of([] { max(ones({2, 3}), 2); }), "max: dim 2 out of range");
   check_error(error_of([] { max(zeros({0})); }), "max: cannot reduce an empty dimension");
   check_error(error_of([] { ones({2}).slice(0, 0, 2, 0); }), "slice: step must be positive, got 0");
-  check_error(error_of([] { split(ones({4}), 0); }), "split: split_size must be positive, got 0");
+  check_error(error_of([] { split(ones({4}), 0); }), "split: split_size must be positive (0 only for an empty dim), got 0 for dim 0 of size 4");
   check_error(error_of([] { dropout(ones({2}), 1.5); }), "dropout: probability must be in [0, 1], got 1.5");
   check_error(error_of([] { arange(0.0, 5.0, -1.0); }), "arange: the range [0, 5) cannot be walked with step -1");
   check_error(error_of([] { empty({2, -1}); }), "empty: negative dimension in shape [2, -1]");

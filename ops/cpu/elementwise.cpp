@@ -66,7 +66,7 @@ void binary_typed(Binary kind, const Tensor& out, const Tensor& a, const Tensor&
     case Binary::Minimum:
       return binary_loop<T, T>(out, a, b, [](T x, T y) { return (cpu::is_nan(x) || x < y) ? x : y; });
     case Binary::ReluBackward:
-      return binary_loop<T, T>(out, a, b, [](T g, T y) { return y > T(0) ? g : T(0); });
+      return binary_loop<T, T>(out, a, b, [](T g, T y) { return y > T(0) || cpu::is_nan(y) ? g : T(0); });  // NaN passes, as torch
     case Binary::Eq: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x == y; });
     case Binary::Ne: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x != y; });
     case Binary::Lt: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x < y; });
@@ -178,7 +178,11 @@ void unary_floating(Unary kind, const Tensor& out, const Tensor& a, double p0, d
         T pdf = std::exp(T(-0.5) * x * x) * T(0.3989422804014327);
         return cdf + x * pdf;
       });
-    case Unary::PowScalar: return unary_loop<T, T>(out, a, [pe](T x) { return std::pow(x, pe); });
+    case Unary::PowScalar:
+      // PyTorch computes x^0.5 and x^-0.5 as (r)sqrt: NaN for x = -inf, where std::pow gives inf / 0.
+      if (pe == T(0.5)) return unary_loop<T, T>(out, a, [](T x) { return std::sqrt(x); });
+      if (pe == T(-0.5)) return unary_loop<T, T>(out, a, [](T x) { return T(1) / std::sqrt(x); });
+      return unary_loop<T, T>(out, a, [pe](T x) { return std::pow(x, pe); });
     default: break;
   }
 }

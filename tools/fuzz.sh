@@ -19,20 +19,8 @@ seconds="$1"
 tools/setup.sh
 
 # clang with libFuzzer and the sanitizer runtimes (libclang-rt-14-dev on Debian 12). The fuzz build
-# runs the kernels on one thread (TAPESTRY_OPENMP=OFF): no OpenMP runtime for clang is needed. Idempotent.
-packages=(clang libclang-rt-14-dev)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "fuzz: installing ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+# runs the kernels on one thread (TAPESTRY_OPENMP=OFF): no OpenMP runtime for clang is needed.
+tools/setup.sh --fuzz
 
 build_dir=build-fuzz
 CC=clang CXX=clang++ cmake -S . -B "$build_dir" -DTAPESTRY_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \

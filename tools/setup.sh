@@ -3,10 +3,13 @@
 # installed it prints nothing and makes no network call.
 #   tools/setup.sh              # build and test dependencies
 #   tools/setup.sh --reference  # the PyTorch reference (python3-torch) for parity and benchmarks
+#   tools/setup.sh --fuzz       # clang with libFuzzer and the sanitizer runtimes (tools/fuzz.sh)
 set -euo pipefail
 
 if [ "${1:-}" = "--reference" ]; then
   packages=(python3-torch)   # run with /usr/bin/python3
+elif [ "${1:-}" = "--fuzz" ]; then
+  packages=(clang libclang-rt-14-dev)
 else
   packages=(
     cmake g++ make pkg-config

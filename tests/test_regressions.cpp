@@ -281,3 +281,41 @@ TEST_CASE("regression: safetensors header length off by one and flipped data byt
   }
   std::remove(path.c_str());
 }
+
+// ---- found by tests/fuzz/fuzz_views (each was a sanitizer report or a wrong answer)
+
+TEST_CASE("regression: empty views with expanded or huge sizes") {
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  // An empty expanded view is contiguous and writable (nothing to lay out or write), as PyTorch.
+  Tensor e = scalar_tensor(1.0, kFloat64).unsqueeze(0).expand({2, 1, 0});
+  CHECK(e.is_contiguous());
+  CHECK(e.contiguous().sizes() == Shape{2, 1, 0});
+  {
+    NoGradGuard g;
+    e.add_(1000.0);
+  }
+  // Sizes whose product overflows beside a 0: numel is 0, strides and offsets never overflow.
+  Tensor h = zeros({1, 2, 0}, kFloat64).unsqueeze(0).expand({4, big, big, 2, 0});
+  CHECK(h.numel() == 0);
+  CHECK(h.clone().numel() == 0);
+  CHECK(h.unsqueeze(1).dim() == 6);
+  CHECK(h.flatten().sizes() == Shape{0});
+  CHECK(h.view({big, big, -1}).sizes() == Shape{big, big, 0});
+  // Summing the empty dim away would leave [big, big, 2] elements: an error, not an overflow.
+  CHECK(error_of([&] { h.sum({0, 4}); }).find("more than 2^63 elements") != std::string::npos);
+  CHECK(h.sum({1}).numel() == 0);
+  CHECK(sum(h).item<double>() == 0.0);
+  CHECK(h.select(1, 5).numel() == 0);
+  CHECK(h.slice(1, 3, big, big / 2).numel() == 0);
+}
+
+TEST_CASE("regression: expand and slice arguments at the extremes") {
+  CHECK(error_of([] { ones({1, 3}).expand({-2, 3}); }).find("expand: invalid size -2") != std::string::npos);
+  Tensor x = arange(10);
+  Tensor s = x.slice(0, 1, 10, std::numeric_limits<int64_t>::max());  // ceil without overflow: one element
+  check_values(s, {1});
+  Tensor xs = arange(10.0, 20.0, 1.0, kFloat64).requires_grad_();
+  sum(xs.slice(0, 2, 10, std::numeric_limits<int64_t>::max())).backward();
+  check_values(xs.grad(), {0, 0, 1, 0, 0, 0, 0, 0, 0, 0});
+  CHECK(error_of([] { arange(5).narrow(0, 2, std::numeric_limits<int64_t>::max()); }).find("narrow:") != std::string::npos);
+}

@@ -152,7 +152,7 @@ Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end, int64_t s
     step = 1;
     end = start + s[dim];
   }
-  st[dim] *= step;
+  st[dim] = offset_plus(0, st[dim], step);  // wraps only for an empty tensor's huge strides
   Tensor out = alias(a, s, st, offset_plus(a.offset(), start, a.stride(dim)));
   Shape in = a.sizes();
   return record("SliceBackward", out, {a}, [in, dim, start, end, step](const Tensor& g) {

@@ -200,7 +200,12 @@ SafetensorsFile load_safetensors(const std::string& path) {
                offs[1] - offs[0]);
       spans.emplace_back(offs[0], offs[1]);
       Tensor t = empty(shape, dtype);
-      if (numel > 0) std::memcpy(t.raw_data(), bytes.data() + data_start + offs[0], offs[1] - offs[0]);
+      const char* src = bytes.data() + data_start + offs[0];
+      if (dtype == DType::Bool)  // any other byte would be an invalid bool (undefined behaviour once read)
+        for (uint64_t i = 0; i < offs[1] - offs[0]; ++i)
+          TP_CHECK(src[i] == 0 || src[i] == 1, "load_safetensors: {}: BOOL tensor '{}' holds the byte {} at element {}",
+                   path, name, static_cast<int>(static_cast<unsigned char>(src[i])), i);
+      if (numel > 0) std::memcpy(t.raw_data(), src, offs[1] - offs[0]);
       file.tensors.emplace_back(name, t);
     } catch (const nlohmann::json::exception& e) {
       throw Error(fmt::format("load_safetensors: {}: tensor '{}' has a malformed entry: {}", path, name, e.what()));

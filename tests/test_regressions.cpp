@@ -319,3 +319,11 @@ TEST_CASE("regression: expand and slice arguments at the extremes") {
   check_values(xs.grad(), {0, 0, 1, 0, 0, 0, 0, 0, 0, 0});
   CHECK(error_of([] { arange(5).narrow(0, 2, std::numeric_limits<int64_t>::max()); }).find("narrow:") != std::string::npos);
 }
+
+TEST_CASE("regression: a BOOL tensor with bytes other than 0 and 1 is refused (found by fuzz_safetensors)") {
+  std::string path = temp_file("bool.safetensors");
+  std::string file = raw_safetensors(R"({"m":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", 0) + std::string("\x01\x72", 2);
+  write_all(path, file);
+  CHECK(load_error(path).find("BOOL tensor 'm' holds the byte 114 at element 1") != std::string::npos);
+  std::remove(path.c_str());
+}

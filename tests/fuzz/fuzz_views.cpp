@@ -554,8 +554,8 @@ Step plan(Program& in, int op, const Tensor& t, const Ref& ref) {
       const int64_t a = in.dim(r), b = in.dim(r);
       s.what = fmt::format("flatten({}, {})", a, b);
       Shape shape;
-      if (r == 0) {
-        s.valid = true;
+      if (r == 0) {  // as PyTorch: a 0-d tensor's dims are 0 and -1 only
+        s.valid = a >= -1 && a <= 0 && b >= -1 && b <= 0;
         shape = {1};
       } else {
         int64_t wa = 0, wb = 0;

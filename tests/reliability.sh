@@ -83,12 +83,27 @@ dev_zero_corpus() {  # train.de -> /dev/zero gave an uncaught bad_alloc.
 
 megabyte_line() {  # A 1 MB line failed only after training started, naming no file or line.
   make_corpus "$work/long"
-  { for _ in $(seq 25000); do printf 'ein Hund läuft 3 mal . '; done; echo; } > "$work/long/line"  # ~600 KB
+  { for _ in $(seq 42000); do printf 'ein Hund läuft 3 mal . '; done; echo; } > "$work/long/line"  # ~1 MB
   # Line 6 becomes the long one; the line counts stay aligned.
   awk -v f="$work/long/line" 'NR == 6 { getline l < f; print l; next } { print }' "$work/long/train.de" > "$work/long/x"
   mv "$work/long/x" "$work/long/train.de"
   expect_error "train.de:6: the sentence is" tiny --data "$work/long" --out "$work/long/run"
   [[ ! -e "$work/long/run/checkpoint.safetensors" ]] || fail "a checkpoint was written"
+}
+
+full_disk_subwords() {  # A full disk during subword training left a torn spm.model that broke every later run.
+  make_corpus "$work/full"
+  # A file-size limit stands in for a full disk: writes past 64 KiB fail (EFBIG; SIGXFSZ ignored).
+  (trap '' XFSZ; ulimit -f 64; exec "$bin" train --task multi30k --config tiny --vocab-size 60 --max-tokens 256 \
+    --epochs 1 --eval-limit 10 --beam 1 --average 0 --threads 1 --data "$work/full" --out "$work/full/run") \
+    > "$work/out" 2> "$work/err"
+  local rc=$?
+  [[ $rc -ne 0 && $rc -lt 128 ]] || fail "expected a clean error on a full disk, got exit $rc"
+  grep -qE "subword|save" "$work/err" || fail "no word of the failed write: $(tail -2 "$work/err")"
+  echo "full disk: $(tail -1 "$work/err")"
+  [[ ! -e "$work/full/run/spm.recipe" ]] || fail "spm.recipe written for a failed subword model"
+  tiny --data "$work/full" --out "$work/full/run" --epochs 1 --resume > "$work/out" 2>&1 ||
+    fail "the next run in that folder failed: $(tail -2 "$work/out")"
 }
 
 nan_learning_rate_flags() {  # --lr-factor nan, --lr-factor -1 and --alpha nan passed the command line.
@@ -230,7 +245,7 @@ kill_loop() {
   echo "kill loop: $kills kill -9s, $resumes resumes from a checkpoint, final weights identical to the bit"
 }
 
-all_cases=(truncated_gz_corpus truncated_gz_bleu_reference dev_zero_corpus megabyte_line nan_learning_rate_flags
+all_cases=(truncated_gz_corpus truncated_gz_bleu_reference dev_zero_corpus megabyte_line full_disk_subwords nan_learning_rate_flags
   diverging_run_stops detect_anomaly_names_the_op existing_run_folder two_runs_one_folder sigterm_saves
   damaged_checkpoint_metadata flipped_checkpoint_byte directory_as_weights stale_temp_files kill_loop)
 cases=("$case_name")

@@ -23,7 +23,8 @@ Smoothing smoothing_for(double eps, int64_t V, int64_t ignore_index) {
   bool pad_is_class = ignore_index >= 0 && ignore_index < V;
   int64_t spread = V - 1 - (pad_is_class ? 1 : 0);
   double other = spread > 0 ? eps / static_cast<double>(spread) : 0.0;
-  return {1.0 - eps, other, pad_is_class ? ignore_index : -1, 1.0 - eps + other * static_cast<double>(std::max<int64_t>(spread, 0))};
+  // Exactly 1 when smoothing has classes to go to (as before, bit for bit), else 1 - eps.
+  return {1.0 - eps, other, pad_is_class ? ignore_index : -1, spread > 0 ? 1.0 : 1.0 - eps};
 }
 
 void check_inputs(const Tensor& logits, const Tensor& target, double eps, int64_t ignore_index) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of tests/fuzz/ with clang (ASan + UBSan) in build-fuzz/ and runs
-# each for SECONDS seconds, on a copy of its seed corpus (the repository is never written).
+# each for SECONDS seconds, on its seed inputs written out into build-fuzz/corpus/ (the repository is
+# never written).
 #   tools/fuzz.sh 60            # every target, one minute each
 #   FUZZ_TARGETS="fuzz_views" tools/fuzz.sh 300
 # Per target it prints the executions libFuzzer made and a summary line
@@ -47,10 +48,9 @@ for target in "${targets[@]}"; do
   artifacts="$build_dir/artifacts/$target"
   log="$build_dir/logs/$target.log"
   mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
-  # The seeds join whatever earlier runs found; libFuzzer adds new inputs here, not in the repo.
-  if [ -d "tests/fuzz/corpus/$target" ]; then
-    cp -f tests/fuzz/corpus/"$target"/* "$corpus"/ 2>/dev/null || true
-  fi
+  # The seeds (tests/fuzz/seeds/<target>.hex) join whatever earlier runs found; libFuzzer adds new
+  # inputs here, not in the repository.
+  tests/fuzz/seeds.sh "$target" "$corpus"
 
   echo "fuzz: running $target for ${seconds}s (log: $log)"
   start=$(date +%s)

@@ -15,15 +15,6 @@ namespace {
 // The dims a reduction covers, wrapped and sorted; empty means all.
 std::vector<int64_t> reduced_dims(const char* op, const Tensor& a, const std::vector<int64_t>& dims) {
   std::vector<int64_t> out;
-  if (a.dim() == 0) {
-    // As in PyTorch, dim 0 and -1 name the one element of a 0-d tensor: reducing over them is
-    // reducing over everything, which leaves the 0-d tensor as it is.
-    for (int64_t d : dims) out.push_back(wrap_dim(op, d, 0));
-    std::sort(out.begin(), out.end());
-    TP_CHECK(std::adjacent_find(out.begin(), out.end()) == out.end(), "{}: dims {} repeat a dim", op, dims);
-    out.clear();
-    return out;
-  }
   if (dims.empty()) {
     for (int64_t d = 0; d < a.dim(); ++d) out.push_back(d);
   } else {
@@ -31,6 +22,9 @@ std::vector<int64_t> reduced_dims(const char* op, const Tensor& a, const std::ve
   }
   std::sort(out.begin(), out.end());
   TP_CHECK(std::adjacent_find(out.begin(), out.end()) == out.end(), "{}: dims {} repeat a dim", op, dims);
+  // As in PyTorch, dim 0 and -1 name the one element of a 0-d tensor: reducing over them is
+  // reducing over everything, which leaves the 0-d tensor as it is.
+  if (a.dim() == 0) out.clear();
   return out;
 }
 

@@ -16,13 +16,6 @@ Tensor alias(const Tensor& a, Shape shape, Shape strides, int64_t offset) {
   return make_tensor(a.impl().storage, std::move(shape), std::move(strides), offset, a.dtype());
 }
 
-// offset + index * stride, wrapping instead of overflowing: the strides of an empty tensor can be
-// huge (contiguous_strides wraps), and a view of it addresses nothing, so any offset will do;
-// for a tensor with elements the result is exact.
-int64_t offset_plus(int64_t offset, int64_t index, int64_t stride) {
-  return static_cast<int64_t>(static_cast<uint64_t>(offset) + static_cast<uint64_t>(index) * static_cast<uint64_t>(stride));
-}
-
 // Resolves one -1 in `shape` from the element count.
 Shape infer_shape(const char* op, const Shape& in, const Shape& shape, int64_t numel) {
   Shape out = shape;
@@ -152,8 +145,8 @@ Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end, int64_t s
     step = 1;
     end = start + s[dim];
   }
-  st[dim] = offset_plus(0, st[dim], step);  // wraps only for an empty tensor's huge strides
-  Tensor out = alias(a, s, st, offset_plus(a.offset(), start, a.stride(dim)));
+  st[dim] = wrapping_add_mul(0, st[dim], step);
+  Tensor out = alias(a, s, st, wrapping_add_mul(a.offset(), start, a.stride(dim)));
   Shape in = a.sizes();
   return record("SliceBackward", out, {a}, [in, dim, start, end, step](const Tensor& g) {
     Tensor ga = zeros(in, g.dtype());
@@ -172,7 +165,7 @@ Tensor select(const Tensor& a, int64_t dim, int64_t index) {
   Shape s = a.sizes(), st = a.strides();
   s.erase(s.begin() + dim);
   st.erase(st.begin() + dim);
-  Tensor out = alias(a, s, st, offset_plus(a.offset(), index, a.stride(dim)));
+  Tensor out = alias(a, s, st, wrapping_add_mul(a.offset(), index, a.stride(dim)));
   Shape in = a.sizes();
   return record("SelectBackward", out, {a}, [in, dim, index](const Tensor& g) {
     Tensor ga = zeros(in, g.dtype());
@@ -228,7 +221,7 @@ Tensor squeeze(const Tensor& a, int64_t dim) {
 Tensor unsqueeze(const Tensor& a, int64_t dim) {
   dim = wrap_dim("unsqueeze", dim, a.dim() + 1);
   Shape s = a.sizes(), st = a.strides();
-  int64_t stride = dim < a.dim() ? offset_plus(0, a.stride(dim), a.size(dim)) : 1;  // wraps only for empty tensors
+  int64_t stride = dim < a.dim() ? wrapping_add_mul(0, a.stride(dim), a.size(dim)) : 1;
   s.insert(s.begin() + dim, 1);
   st.insert(st.begin() + dim, stride);
   return reshape_backward_node("UnsqueezeBackward", a, alias(a, s, st, a.offset()));

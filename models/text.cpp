@@ -49,9 +49,8 @@ namespace {
 // line until memory runs out.
 constexpr size_t kMaxLineBytes = 1 << 20;
 
-void check_line_length(const std::string& line, const std::vector<std::string>& out, const std::string& name) {
-  TP_CHECK(line.size() <= kMaxLineBytes, "{}:{}: line longer than {} bytes (not a text corpus?)", name, out.size() + 1,
-           kMaxLineBytes);
+Error line_too_long(const std::vector<std::string>& out, const std::string& name) {
+  return Error(fmt::format("{}:{}: line longer than {} bytes (not a text corpus?)", name, out.size() + 1, kMaxLineBytes));
 }
 
 void finish_line(std::string& line, std::vector<std::string>& out, const std::string& name) {
@@ -77,7 +76,7 @@ std::vector<std::string> read_lines(const std::string& path) {
           finish_line(line, out, path);
         } else {
           line.push_back(buf[i]);
-          if (line.size() > kMaxLineBytes) check_line_length(line, out, path);
+          if (line.size() > kMaxLineBytes) throw line_too_long(out, path);
         }
       }
     }
@@ -112,7 +111,7 @@ std::vector<std::string> read_lines(std::istream& in, const std::string& name) {
       any = false;
     } else {
       line.push_back(*it);
-      if (line.size() > kMaxLineBytes) check_line_length(line, out, name);
+      if (line.size() > kMaxLineBytes) throw line_too_long(out, name);
     }
   }
   if (any) finish_line(line, out, name);

@@ -135,17 +135,6 @@ bool exists(const std::string& path) {
   return std::filesystem::exists(path, ec);
 }
 
-// Sum of squares of every parameter, in float64: finite exactly when every weight is.
-bool weights_finite(const nn::Module& model) {
-  NoGradGuard no_grad;
-  double total = 0;
-  for (const Tensor& p : model.parameters()) {
-    Tensor p64 = p.to(DType::Float64);
-    total += sum(p64 * p64).item<double>();
-  }
-  return std::isfinite(total);
-}
-
 // The files a run writes into its folder (Note [Run folders]); epoch copies are matched by prefix.
 const char* const kRunFiles[] = {"checkpoint.safetensors", "model.safetensors", "optimizer.safetensors",
                                  "model.best.safetensors", "model.avg.safetensors", "spm.model", "spm.recipe",
@@ -320,7 +309,7 @@ TranslationResult train_translation(const TranslationOptions& o) {
       {"max_tokens", std::to_string(o.max_tokens)}, {"accumulate", std::to_string(o.accumulate)},
       {"seed", std::to_string(o.seed)},             {"limit", std::to_string(o.limit)}};
   auto save_checkpoint = [&](int64_t epoch, int64_t next_batch, double loss_sum, int64_t tokens) {
-    TP_CHECK(weights_finite(model), "train: the weights are not finite after step {}; nothing was saved (the last "
+    TP_CHECK(std::isfinite(optim::global_norm(model.parameters())), "train: the weights are not finite after step {}; nothing was saved (the last "
              "checkpoint is intact). Lower --lr-factor or set --clip-norm", step);
     nn::NamedTensors state;
     for (auto& [name, t] : model.state_dict()) state.emplace_back("model." + name, t);

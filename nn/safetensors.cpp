@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -22,15 +23,6 @@ namespace tapestry::nn {
 
 namespace {
 
-const char* st_dtype(DType t) {
-  switch (t) {
-    case DType::Float32: return "F32";
-    case DType::Float64: return "F64";
-    case DType::Int64: return "I64";
-    case DType::Bool: return "BOOL";
-  }
-  return "?";
-}
 
 bool parse_dtype(const std::string& s, DType& out) {
   if (s == "F32") out = DType::Float32;
@@ -53,6 +45,16 @@ std::string data_crc32(const char* data, size_t size) {
 }
 
 }  // namespace
+
+const char* safetensors_dtype(DType t) {
+  switch (t) {
+    case DType::Float32: return "F32";
+    case DType::Float64: return "F64";
+    case DType::Int64: return "I64";
+    case DType::Bool: return "BOOL";
+  }
+  return "?";
+}
 
 std::map<std::string, Tensor> SafetensorsFile::as_map() const {
   return std::map<std::string, Tensor>(tensors.begin(), tensors.end());
@@ -86,8 +88,8 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
     throw Error(fmt::format("save: cannot rename {} to {}: {}", tmp, path, std::strerror(err)));
   }
   // The rename itself is durable only once the directory is flushed.
-  std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/') + (path.rfind('/') == 0));
-  int dfd = ::open(dir.empty() ? "/" : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
@@ -102,7 +104,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     TP_CHECK(name != "__metadata__" && !entries.contains(name), "save_safetensors: tensor name '{}' appears twice or is reserved", name);
     Tensor c = kernels::contiguous(t);
     size_t nbytes = static_cast<size_t>(c.numel()) * dtype_size(c.dtype());
-    entries[name] = {{"dtype", st_dtype(c.dtype())}, {"shape", c.sizes()}, {"data_offsets", {data.size(), data.size() + nbytes}}};
+    entries[name] = {{"dtype", safetensors_dtype(c.dtype())}, {"shape", c.sizes()}, {"data_offsets", {data.size(), data.size() + nbytes}}};
     data.append(static_cast<const char*>(c.raw_data()), nbytes);
   }
   // The metadata carries a checksum of the data, which load_safetensors verifies.

@@ -17,6 +17,9 @@ struct SafetensorsFile {
   std::map<std::string, Tensor> as_map() const;
 };
 
+// The format's name of a dtype: F32, F64, I64 or BOOL.
+const char* safetensors_dtype(DType t);
+
 // The metadata key holding the CRC-32 of the data section (8 hex digits). save_safetensors
 // always writes it; load_safetensors verifies it when present (files from other tools lack it)
 // and does not return it among the metadata.

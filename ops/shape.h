@@ -25,14 +25,19 @@ inline int64_t shape_numel(const Shape& s) {
   return n;
 }
 
+// base + index * stride in wrapping (unsigned) arithmetic. Exact whenever the result addresses an
+// element; only an empty tensor, whose strides and offsets address nothing, can have sizes whose
+// products exceed 2^63, and there it wraps instead of overflowing (undefined behaviour).
+inline int64_t wrapping_add_mul(int64_t base, int64_t index, int64_t stride) {
+  return static_cast<int64_t>(static_cast<uint64_t>(base) + static_cast<uint64_t>(index) * static_cast<uint64_t>(stride));
+}
+
 inline Shape contiguous_strides(const Shape& s) {
   Shape st(s.size());
   int64_t acc = 1;
   for (size_t i = s.size(); i-- > 0;) {
     st[i] = acc;
-    // Unsigned, so it wraps instead of overflowing: only an empty tensor (whose strides address
-    // nothing) can have sizes whose product exceeds 2^63.
-    acc = static_cast<int64_t>(static_cast<uint64_t>(acc) * static_cast<uint64_t>(s[i] > 0 ? s[i] : 1));
+    acc = wrapping_add_mul(0, acc, s[i] > 0 ? s[i] : 1);
   }
   return st;
 }

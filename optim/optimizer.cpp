@@ -149,16 +149,21 @@ void Adam::step() {
   }
 }
 
-double grad_norm(const std::vector<Tensor>& params) {
+double global_norm(const std::vector<Tensor>& tensors) {
   NoGradGuard no_grad;
   double total = 0;
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    Tensor g64 = g.to(DType::Float64);
-    total += sum(g64 * g64).item<double>();
+  for (const Tensor& t : tensors) {
+    Tensor t64 = t.to(DType::Float64);
+    total += sum(t64 * t64).item<double>();
   }
   return std::sqrt(total);
+}
+
+double grad_norm(const std::vector<Tensor>& params) {
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return global_norm(grads);
 }
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {

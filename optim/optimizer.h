@@ -78,7 +78,9 @@ class AdamW : public Adam {
 // Scales all gradients together so that their global L2 norm is at most max_norm; returns the
 // norm before clipping (as torch.nn.utils.clip_grad_norm_).
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
-// The global L2 norm of the gradients (accumulated in float64); NaN or inf if any element is.
+// The L2 norm of all the tensors together (accumulated in float64); NaN or inf if any element is.
+double global_norm(const std::vector<Tensor>& tensors);
+// global_norm of the parameters' gradients (parameters without one are skipped).
 double grad_norm(const std::vector<Tensor>& params);
 
 // Learning rate as a function of the step (counting from 1).

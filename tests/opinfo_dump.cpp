@@ -29,15 +29,6 @@ using json = nlohmann::json;
 
 namespace {
 
-const char* st_dtype(DType t) {
-  switch (t) {
-    case DType::Float32: return "F32";
-    case DType::Float64: return "F64";
-    case DType::Int64: return "I64";
-    case DType::Bool: return "BOOL";
-  }
-  return "?";
-}
 
 json null_or(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
 
@@ -65,7 +56,7 @@ struct Dump {
       tensors.emplace_back(name, x.detach());
       ins.push_back({{"tensor", name},
                      {"name", input_name(i)},
-                     {"dtype", st_dtype(x.dtype())},
+                     {"dtype", nn::safetensors_dtype(x.dtype())},
                      {"shape", x.sizes()},
                      {"strides", x.strides()},
                      {"offset", x.offset()},

@@ -32,17 +32,12 @@ make_corpus() {
 }
 
 # The tiny recipe every case trains with: seconds per run.
-tiny() {
-  "$bin" train --task multi30k --config tiny --vocab-size 60 --max-tokens 256 --epochs 2 --warmup 20 --eval-limit 10 \
-    --beam 1 --average 0 --threads 1 "$@"
-}
-
+tiny_args=(train --task multi30k --config tiny --vocab-size 60 --max-tokens 256 --epochs 2 --warmup 20 --eval-limit 10
+  --beam 1 --average 0 --threads 1)
+tiny() { "$bin" "${tiny_args[@]}" "$@"; }
 # The same in a background job: `exec` makes $! the tapestry process itself, so that signals
 # and kill -9 reach it rather than a subshell around it.
-tiny_bg() {
-  exec "$bin" train --task multi30k --config tiny --vocab-size 60 --max-tokens 256 --epochs 2 --warmup 20 \
-    --eval-limit 10 --beam 1 --average 0 --threads 1 "$@"
-}
+tiny_bg() { exec "$bin" "${tiny_args[@]}" "$@"; }
 
 # expect_error "TEXT" CMD...: CMD exits non-zero and says TEXT on stderr, in one line, not an abort.
 expect_error() {
@@ -94,9 +89,7 @@ megabyte_line() {  # A 1 MB line failed only after training started, naming no f
 full_disk_subwords() {  # A full disk during subword training left a torn spm.model that broke every later run.
   make_corpus "$work/full"
   # A file-size limit stands in for a full disk: writes past 64 KiB fail (EFBIG; SIGXFSZ ignored).
-  (trap '' XFSZ; ulimit -f 64; exec "$bin" train --task multi30k --config tiny --vocab-size 60 --max-tokens 256 \
-    --epochs 1 --eval-limit 10 --beam 1 --average 0 --threads 1 --data "$work/full" --out "$work/full/run") \
-    > "$work/out" 2> "$work/err"
+  (trap '' XFSZ; ulimit -f 64; tiny_bg --epochs 1 --data "$work/full" --out "$work/full/run") > "$work/out" 2> "$work/err"
   local rc=$?
   [[ $rc -ne 0 && $rc -lt 128 ]] || fail "expected a clean error on a full disk, got exit $rc"
   grep -qE "subword|save" "$work/err" || fail "no word of the failed write: $(tail -2 "$work/err")"

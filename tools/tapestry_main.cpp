@@ -33,32 +33,22 @@ const CLI::Validator kPositive(
     },
     "POSITIVE");
 
-// Real-valued flags: CLI11's range checks let "nan" through (every comparison with NaN is false).
-CLI::Validator real_at_least(double lo, bool strictly) {
+// A real-valued flag: finite, above lo (or at it unless lo_strict), below hi. CLI11's range
+// checks let "nan" through (every comparison with NaN is false).
+CLI::Validator real_flag(double lo, bool lo_strict, double hi = INFINITY) {
+  const std::string range =
+      std::isinf(hi) ? fmt::format("{} {}", lo_strict ? ">" : ">=", lo) : fmt::format("in [{}, {})", lo, hi);
   return CLI::Validator(
-      [lo, strictly](std::string& value) {
+      [=](std::string& value) {
         try {
           size_t used = 0;
           double v = std::stod(value, &used);
-          if (used == value.size() && std::isfinite(v) && (strictly ? v > lo : v >= lo)) return std::string();
+          if (used == value.size() && std::isfinite(v) && (lo_strict ? v > lo : v >= lo) && v < hi) return std::string();
         } catch (const std::exception&) {
         }
-        return fmt::format("must be a number {} {}, got '{}'", strictly ? ">" : ">=", lo, value);
+        return fmt::format("must be a number {}, got '{}'", range, value);
       },
-      strictly ? "POSITIVE" : "NONNEGATIVE");
-}
-CLI::Validator real_in(double lo, double hi_exclusive) {
-  return CLI::Validator(
-      [lo, hi_exclusive](std::string& value) {
-        try {
-          size_t used = 0;
-          double v = std::stod(value, &used);
-          if (used == value.size() && v >= lo && v < hi_exclusive) return std::string();
-        } catch (const std::exception&) {
-        }
-        return fmt::format("must be a number in [{}, {}), got '{}'", lo, hi_exclusive, value);
-      },
-      fmt::format("[{}, {})", lo, hi_exclusive));
+      range);
 }
 
 int run_copy(const models::CopyTaskOptions& o) {
@@ -102,7 +92,7 @@ int main(int argc, char** argv) {
   std::string norm;
   // Shared by both tasks (their defaults differ: the task's own apply when the flag is absent).
   train->add_option("--warmup", copy.warmup, "Noam warmup steps (copy 400, multi30k see README)")->check(kPositive);
-  train->add_option("--lr-factor", copy.lr_factor, "Noam schedule factor")->check(real_at_least(0, true));
+  train->add_option("--lr-factor", copy.lr_factor, "Noam schedule factor")->check(real_flag(0, true));
   train->add_option("--seed", copy.seed, "random seed");
   train->add_option("--norm", norm, "pre or post: where the layers put LayerNorm (copy: pre, multi30k: see README)")
       ->check(CLI::IsMember({"pre", "post"}));
@@ -129,15 +119,15 @@ int main(int argc, char** argv) {
       ->check(kPositive)
       ->capture_default_str();
   m->add_option("--vocab-size", mt.vocab_size, "subword vocabulary")->check(kPositive)->capture_default_str();
-  m->add_option("--dropout", mt.dropout, "dropout")->check(real_in(0.0, 1.0))->capture_default_str();
+  m->add_option("--dropout", mt.dropout, "dropout")->check(real_flag(0, false, 1))->capture_default_str();
   m->add_option("--label-smoothing", mt.label_smoothing, "label smoothing")
-      ->check(real_in(0.0, 1.0))
+      ->check(real_flag(0, false, 1))
       ->capture_default_str();
   m->add_option("--clip-norm", mt.clip_norm, "clip the gradient norm to this (0: no clipping)")
-      ->check(real_at_least(0, false))
+      ->check(real_flag(0, false))
       ->capture_default_str();
   m->add_option("--beam", mt.beam, "beam size for the test set (1: greedy)")->check(kPositive)->capture_default_str();
-  m->add_option("--alpha", mt.alpha, "length penalty for the test set")->check(real_at_least(0, false))->capture_default_str();
+  m->add_option("--alpha", mt.alpha, "length penalty for the test set")->check(real_flag(0, false))->capture_default_str();
   m->add_flag("--resume", mt.resume, "continue exactly from the checkpoint in --out");
   m->add_flag("--overwrite", mt.overwrite, "start over in an --out that holds a run (deletes its checkpoints)");
   m->add_option("--on-nan", mt.on_nan, "a non-finite loss or gradient: stop (nothing saved) or skip the step")
@@ -179,7 +169,7 @@ int main(int argc, char** argv) {
   translate->add_option("--checkpoint", ckpt_dir, "directory written by `train --task multi30k --out DIR`")->required();
   translate->add_option("--input", input_path, "sentences, one per line (default: standard input)");
   translate->add_option("--beam", tr_beam, "beam size")->check(kPositive)->capture_default_str();
-  translate->add_option("--alpha", tr_alpha, "length penalty")->check(real_at_least(0, false))->capture_default_str();
+  translate->add_option("--alpha", tr_alpha, "length penalty")->check(real_flag(0, false))->capture_default_str();
   translate->add_flag("--greedy", tr_greedy, "greedy decoding instead of beam search");
   std::string tr_weights;
   translate->add_option("--weights", tr_weights,

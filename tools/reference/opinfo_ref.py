@@ -20,14 +20,14 @@ and printed as "documented difference: ..." instead of counting as mismatches.
 """
 import json
 import math
-import struct
 import sys
 import warnings
 
 import torch
 import torch.nn.functional as F
 
-DTYPES = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64, "BOOL": torch.bool}
+from safetensors_file import load_safetensors
+
 TOLERANCES = {torch.float64: (1e-9, 1e-7), torch.float32: (1e-5, 1e-5)}  # (atol, rtol)
 
 # Where tapestry differs from PyTorch on purpose. Keys: an op name of the table, or "op:sample".
@@ -100,24 +100,6 @@ def paper_ce(logits, target, eps=0.0, ignore_index=-100, reduction="mean"):
         return total
     count = int(keep.sum())
     return total / count if count > 0 else total * 0.0
-
-
-def load_safetensors(path):
-    """Parses a safetensors file by hand: u64 header length, JSON header, raw little-endian data."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    meta = header.pop("__metadata__", {})
-    base = 8 + n
-    tensors = {}
-    for name, entry in header.items():
-        begin, end = entry["data_offsets"]
-        dtype = DTYPES[entry["dtype"]]
-        raw = bytearray(data[base + begin:base + end])
-        t = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-        tensors[name] = t.reshape(entry["shape"])
-    return tensors, meta
 
 
 def restride(values, strides, offset):

@@ -8,39 +8,16 @@ tapestry's logits, loss, parameter gradients and parameters after one Adam step.
 builds the same model (same parameter names), loads the weights, recomputes everything in
 PyTorch and prints the largest relative error per tensor. Exit status 1 on any mismatch.
 """
-import json
 import math
-import struct
 import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from safetensors_file import load_safetensors
+
 TOL = 1e-4
-DTYPES = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64, "BOOL": torch.bool}
-
-
-def load_safetensors(path):
-    """Reads a safetensors file (safetensors.torch.load_file when installed, else this reader)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    meta = header.pop("__metadata__", {})
-    try:
-        from safetensors.torch import load_file  # optional: proves the file is real safetensors
-        return load_file(path), meta
-    except ImportError:
-        pass
-    out = {}
-    for name, entry in header.items():
-        begin, end = entry["data_offsets"]
-        dtype = DTYPES[entry["dtype"]]
-        raw = bytearray(data[8 + n + begin:8 + n + end])
-        t = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-        out[name] = t.reshape(entry["shape"]).clone()
-    return out, meta
 
 
 class MultiHeadAttention(nn.Module):

@@ -4,7 +4,7 @@
 #include <iostream>
 #include <vector>
 
-#include "tapestry.h"
+#include <tapestry/tapestry.h>
 
 using namespace tapestry;
 

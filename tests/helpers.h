@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "tapestry.h"
+#include "tapestry/tapestry.h"
 
 namespace tapestry::testing {
 

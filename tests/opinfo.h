@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/functions.h"
+#include "tapestry/autograd/functions.h"
 
 namespace tapestry::opinfo {
 

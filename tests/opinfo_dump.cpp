@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/safetensors.h"
+#include "tapestry/nn/safetensors.h"
 #include "tests/opinfo.h"
 
 using namespace tapestry;

@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <string>
 
-#include "models/transformer.h"
-#include "nn/safetensors.h"
-#include "optim/optimizer.h"
+#include "tapestry/models/transformer.h"
+#include "tapestry/nn/safetensors.h"
+#include "tapestry/optim/optimizer.h"
 
 using namespace tapestry;
 

@@ -11,9 +11,9 @@
 #include <fstream>
 #include <vector>
 
-#include "models/transformer.h"
-#include "optim/optimizer.h"
-#include "tapestry.h"
+#include "tapestry/models/transformer.h"
+#include "tapestry/optim/optimizer.h"
+#include "tapestry/tapestry.h"
 
 using namespace tapestry;
 

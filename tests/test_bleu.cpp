@@ -5,14 +5,14 @@
 
 #include <unistd.h>
 
-#include "models/bleu.h"
-#include "models/text.h"
+#include "apps/eval/bleu.h"
+#include "apps/data/text.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;
 using namespace tapestry::testing;
-using models::corpus_bleu;
-using models::tokenize_13a;
+using apps::corpus_bleu;
+using apps::tokenize_13a;
 using Toks = std::vector<std::string>;
 
 TEST_CASE("13a tokenizer splits what mteval-v13a splits") {
@@ -105,19 +105,19 @@ TEST_CASE("reading corpora: plain and gz, and clear errors for bad UTF-8 and mis
     std::ofstream f(path, std::ios::binary);
     f << "eins\r\nzwei\n\ndrei";
   }
-  CHECK(models::read_lines(path) == Toks{"eins", "zwei", "", "drei"});
+  CHECK(apps::read_lines(path) == Toks{"eins", "zwei", "", "drei"});
   {
     std::ofstream f(path, std::ios::binary);
     f << "gut\nschl\xc3\n";
   }
-  CHECK(error_of([&] { models::read_lines(path); }) == path + ":2: invalid UTF-8 at byte 5");
-  CHECK(error_of([] { models::read_lines("/nonexistent/corpus.de.gz"); }).find("/nonexistent/corpus.de.gz: cannot open") !=
+  CHECK(error_of([&] { apps::read_lines(path); }) == path + ":2: invalid UTF-8 at byte 5");
+  CHECK(error_of([] { apps::read_lines("/nonexistent/corpus.de.gz"); }).find("/nonexistent/corpus.de.gz: cannot open") !=
         std::string::npos);
-  CHECK(models::invalid_utf8_at("\xed\xa0\x80") == 0);  // a surrogate
-  CHECK(models::invalid_utf8_at("\xc0\xaf") == 0);      // overlong
-  CHECK(models::invalid_utf8_at("Grüße") == -1);
+  CHECK(apps::invalid_utf8_at("\xed\xa0\x80") == 0);  // a surrogate
+  CHECK(apps::invalid_utf8_at("\xc0\xaf") == 0);      // overlong
+  CHECK(apps::invalid_utf8_at("Grüße") == -1);
   std::remove(path.c_str());
   // The shared Multi30k test set, when present next to the checkout, reads as 1000 lines.
   std::string test_de = "../../shared/data/multi30k/test_2016_flickr.de.gz";
-  if (std::ifstream(test_de).good()) CHECK(models::read_lines(test_de).size() == 1000);
+  if (std::ifstream(test_de).good()) CHECK(apps::read_lines(test_de).size() == 1000);
 }

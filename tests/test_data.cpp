@@ -5,7 +5,7 @@
 #include <fstream>
 #include <set>
 
-#include "models/data.h"
+#include "apps/data/parallel_corpus.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;
@@ -24,23 +24,23 @@ TEST_CASE("load_parallel reads aligned files and names the file and line of ever
   std::string dir = make_dir();
   write(dir + "/train.de", "ein Hund\nzwei Katzen\n");
   write(dir + "/train.en", "a dog\ntwo cats\n");
-  auto c = models::load_parallel(dir, "train", "de", "en");
+  auto c = apps::load_parallel(dir, "train", "de", "en");
   CHECK(c.src == std::vector<std::string>{"ein Hund", "zwei Katzen"});
   CHECK(c.tgt[1] == "two cats");
 
   write(dir + "/bad.de", "eins\nzwei\ndrei\n");
   write(dir + "/bad.en", "one\ntwo\n");
-  CHECK(error_of([&] { models::load_parallel(dir, "bad", "de", "en"); }) ==
+  CHECK(error_of([&] { apps::load_parallel(dir, "bad", "de", "en"); }) ==
         dir + "/bad.de has 3 lines but " + dir + "/bad.en has 2: the files are not aligned");
   write(dir + "/gap.de", "eins\n\ndrei\n");
   write(dir + "/gap.en", "one\ntwo\nthree\n");
-  CHECK(error_of([&] { models::load_parallel(dir, "gap", "de", "en"); }) ==
+  CHECK(error_of([&] { apps::load_parallel(dir, "gap", "de", "en"); }) ==
         dir + "/gap.de:2: empty line (every line must hold one sentence)");
-  CHECK(error_of([&] { models::load_parallel(dir, "nope", "de", "en"); }).find("/nope.de: missing") !=
+  CHECK(error_of([&] { apps::load_parallel(dir, "nope", "de", "en"); }).find("/nope.de: missing") !=
         std::string::npos);
   write(dir + "/utf.de", "gut\n\xff\n");
   write(dir + "/utf.en", "good\nbad\n");
-  CHECK(error_of([&] { models::load_parallel(dir, "utf", "de", "en"); }) == dir + "/utf.de:2: invalid UTF-8 at byte 1");
+  CHECK(error_of([&] { apps::load_parallel(dir, "utf", "de", "en"); }) == dir + "/utf.de:2: invalid UTF-8 at byte 1");
   for (const char* f : {"train.de", "train.en", "bad.de", "bad.en", "gap.de", "gap.en", "utf.de", "utf.en"})
     std::remove((dir + "/" + f).c_str());
   ::rmdir(dir.c_str());
@@ -48,8 +48,8 @@ TEST_CASE("load_parallel reads aligned files and names the file and line of ever
   // The shared Multi30k files, when they are next to the checkout: 29000 / 1014 / 1000 pairs.
   std::string shared = "../../shared/data/multi30k";
   if (std::ifstream(shared + "/val.de.gz").good()) {
-    CHECK(models::load_parallel(shared, "val", "de", "en").src.size() == 1014);
-    CHECK(models::load_parallel(shared, "test_2016_flickr", "de", "en").tgt.size() == 1000);
+    CHECK(apps::load_parallel(shared, "val", "de", "en").src.size() == 1014);
+    CHECK(apps::load_parallel(shared, "test_2016_flickr", "de", "en").tgt.size() == 1000);
   }
 }
 
@@ -61,7 +61,7 @@ TEST_CASE("TokenBatcher: every pair once per epoch, batches within the token bud
     src.emplace_back(static_cast<size_t>(lens[i]), 5);
     tgt.emplace_back(static_cast<size_t>((lens[i] * 7) % 29 + 1), 6);
   }
-  models::TokenBatcher batcher(src, tgt, 256, 0, 1, 2);
+  apps::TokenBatcher batcher(src, tgt, 256, 0, 1, 2);
   auto plan = batcher.plan(42, 0);
   std::multiset<int64_t> seen;
   for (auto& rows : plan) {
@@ -78,7 +78,7 @@ TEST_CASE("TokenBatcher: every pair once per epoch, batches within the token bud
   CHECK(batcher.plan(42, 1) != plan);
   CHECK(plan.size() < 100);  // similar lengths together: far fewer batches than pairs
 
-  models::TokenBatcher small({{7, 8, 9}, {7}}, {{4, 5}, {3, 3, 3}}, 100, 0, 1, 2);
+  apps::TokenBatcher small({{7, 8, 9}, {7}}, {{4, 5}, {3, 3, 3}}, 100, 0, 1, 2);
   auto b = small.make({0, 1});
   CHECK(b.src.sizes() == Shape{2, 3});
   CHECK(b.src.to_vector<int64_t>() == std::vector<int64_t>{7, 8, 9, 7, 0, 0});

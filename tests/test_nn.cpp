@@ -6,8 +6,8 @@
 
 #include <unistd.h>
 
-#include "nn/layers.h"
-#include "nn/safetensors.h"
+#include "tapestry/nn/layers.h"
+#include "tapestry/nn/safetensors.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "optim/optimizer.h"
+#include "tapestry/optim/optimizer.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;

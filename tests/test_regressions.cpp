@@ -7,8 +7,8 @@
 #include <fstream>
 #include <limits>
 
-#include "autograd/gradcheck.h"
-#include "nn/safetensors.h"
+#include "tapestry/autograd/gradcheck.h"
+#include "tapestry/nn/safetensors.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;

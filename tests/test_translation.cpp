@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "models/subword.h"
-#include "models/translation.h"
-#include "nn/safetensors.h"
+#include "apps/data/subword.h"
+#include "apps/tasks/translation.h"
+#include "tapestry/nn/safetensors.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;
@@ -38,14 +38,14 @@ void write_corpus(const std::string& dir, const std::string& split, int n, uint6
   }
 }
 // A fresh directory holding a synthetic train/val/test corpus, and tiny-model options for it.
-models::TranslationOptions synthetic_task(const std::string& name, int train, int val, int test, uint64_t seed) {
+apps::TranslationOptions synthetic_task(const std::string& name, int train, int val, int test, uint64_t seed) {
   std::string dir = fmt::format("/tmp/tapestry_test_{}_{}", ::getpid(), name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   write_corpus(dir, "train", train, seed);
   write_corpus(dir, "val", val, seed + 1);
   write_corpus(dir, "test_2016_flickr", test, seed + 2);
-  models::TranslationOptions o;
+  apps::TranslationOptions o;
   o.data_dir = dir;
   o.out_dir = dir + "/run";
   o.config = "tiny";
@@ -63,26 +63,26 @@ TEST_CASE("subwords: train, encode, decode round trip") {
   ::mkdir(dir.c_str(), 0755);
   std::vector<std::string> text;
   for (int i = 0; i < 200; ++i) text.push_back(i % 2 ? "Ein Hund läuft im Park ." : "A dog runs in the park .");
-  models::Subword::train(text, dir + "/m.model", 40);
-  models::Subword sp(dir + "/m.model");
+  apps::Subword::train(text, dir + "/m.model", 40);
+  apps::Subword sp(dir + "/m.model");
   CHECK(sp.vocab_size() <= 40);
   auto ids = sp.encode("Ein Hund läuft.");
   CHECK(!ids.empty());
-  for (int64_t id : ids) CHECK(id > models::Subword::kEos);
+  for (int64_t id : ids) CHECK(id > apps::Subword::kEos);
   CHECK(sp.decode(ids) == "Ein Hund läuft.");
-  CHECK(sp.decode({models::Subword::kBos, ids[0], models::Subword::kEos}) == sp.decode({ids[0]}));
-  CHECK(error_of([&] { models::Subword("/nonexistent/x.model"); }).find("subword: cannot load /nonexistent/x.model") !=
+  CHECK(sp.decode({apps::Subword::kBos, ids[0], apps::Subword::kEos}) == sp.decode({ids[0]}));
+  CHECK(error_of([&] { apps::Subword("/nonexistent/x.model"); }).find("subword: cannot load /nonexistent/x.model") !=
         std::string::npos);
   std::remove((dir + "/m.model").c_str());
   ::rmdir(dir.c_str());
 }
 
 TEST_CASE("two epochs on a 1000-pair corpus: the loss falls, checkpoints are written") {
-  models::TranslationOptions o = synthetic_task("mt", 1000, 60, 40, 1);
+  apps::TranslationOptions o = synthetic_task("mt", 1000, 60, 40, 1);
   const std::string dir = o.data_dir;
   o.warmup = 50;
   o.beam = 2;
-  auto r = models::train_translation(o);
+  auto r = apps::train_translation(o);
   REQUIRE(r.epochs.size() == 2);
   MESSAGE("train loss ", r.epochs[0].train_loss, " -> ", r.epochs[1].train_loss, ", val loss ", r.epochs[0].val_loss,
           " -> ", r.epochs[1].val_loss, ", test BLEU ", r.test_bleu);
@@ -101,21 +101,21 @@ TEST_CASE("two epochs on a 1000-pair corpus: the loss falls, checkpoints are wri
   CHECK(r.test_bleu_line.rfind("BLEU = ", 0) == 0);
   // The checkpoint translates on its own, and greedy equals beam 1.
   std::vector<std::string> src = {"ein Hund läuft im Park .", "ein Mann spielt mit Ball ."};
-  auto translator = models::load_translator(dir + "/run");
+  auto translator = apps::load_translator(dir + "/run");
   CHECK(translator.weights_path == dir + "/run/model.safetensors");
-  auto beam = models::translate(translator, src, 3);
-  auto greedy = models::translate(translator, src, 1);
+  auto beam = apps::translate(translator, src, 3);
+  auto greedy = apps::translate(translator, src, 1);
   CHECK(beam.size() == 2);
   CHECK(greedy.size() == 2);
   MESSAGE("translations: '", beam[0], "', '", beam[1], "'");
-  CHECK(error_of([&] { models::load_translator(dir + "/nothing"); }).find("model.safetensors not found") !=
+  CHECK(error_of([&] { apps::load_translator(dir + "/nothing"); }).find("model.safetensors not found") !=
         std::string::npos);
-  CHECK(error_of([&] { models::load_translator(dir + "/run", "model.epoch9.safetensors"); })
+  CHECK(error_of([&] { apps::load_translator(dir + "/run", "model.epoch9.safetensors"); })
             .find("run/model.epoch9.safetensors not found") != std::string::npos);
   // The options were printed and saved as TOML beside the checkpoints.
   std::ifstream toml(dir + "/run/config.toml");
   std::string config((std::istreambuf_iterator<char>(toml)), std::istreambuf_iterator<char>());
-  CHECK(config == models::options_to_toml(o));
+  CHECK(config == apps::options_to_toml(o));
   CHECK(config.find("\nmax-tokens = 512\n") != std::string::npos);
   CHECK(config.find("\nconfig = \"tiny\"\n") != std::string::npos);
   CHECK(config.find("\nlabel-smoothing = 0.1\n") != std::string::npos);
@@ -123,31 +123,31 @@ TEST_CASE("two epochs on a 1000-pair corpus: the loss falls, checkpoints are wri
 }
 
 TEST_CASE("gradient accumulation, clipping and pre-norm: fewer optimizer steps, the loss still falls") {
-  models::TranslationOptions o = synthetic_task("accumulate", 600, 30, 20, 2);
+  apps::TranslationOptions o = synthetic_task("accumulate", 600, 30, 20, 2);
   const std::string dir = o.data_dir;
   o.warmup = 30;
   o.beam = 1;
   o.max_tokens = 256;
-  auto single = models::train_translation(o);
+  auto single = apps::train_translation(o);
   o.out_dir = dir + "/nested/accumulated";  // parents are created as needed
   o.accumulate = 3;
   o.clip_norm = 1.0;
   o.pre_norm = true;
-  auto accumulated = models::train_translation(o);
+  auto accumulated = apps::train_translation(o);
   REQUIRE(accumulated.epochs.size() == 2);
   // Same batches, one optimizer step per three of them (the last group of an epoch may be short).
   const int64_t batches = single.epochs[0].steps;
   CHECK(accumulated.epochs[0].steps == (batches + 2) / 3);
   CHECK(accumulated.epochs[1].train_loss < accumulated.epochs[0].train_loss);
-  auto t = models::load_translator(o.out_dir);
+  auto t = apps::load_translator(o.out_dir);
   CHECK(t.model->config.pre_norm);
   o.accumulate = 0;
-  CHECK(error_of([&] { models::train_translation(o); }).find("--accumulate must be at least 1") != std::string::npos);
+  CHECK(error_of([&] { apps::train_translation(o); }).find("--accumulate must be at least 1") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterrupted one does, to the bit") {
-  models::TranslationOptions o = synthetic_task("resume", 600, 30, 20, 4);
+  apps::TranslationOptions o = synthetic_task("resume", 600, 30, 20, 4);
   const std::string dir = o.data_dir;
   o.warmup = 30;
   o.beam = 1;
@@ -156,15 +156,15 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
   o.clip_norm = 1.0;
 
   o.out_dir = dir + "/straight";
-  auto straight = models::train_translation(o);
+  auto straight = apps::train_translation(o);
 
   o.out_dir = dir + "/interrupted";
   o.stop_after = 7;  // mid-way through the first epoch
-  auto first = models::train_translation(o);
+  auto first = apps::train_translation(o);
   CHECK(first.stopped);
   o.stop_after = 0;
   o.resume = true;
-  auto resumed = models::train_translation(o);
+  auto resumed = apps::train_translation(o);
   REQUIRE(resumed.epochs.size() == 2);
   CHECK(resumed.epochs[1].train_loss == straight.epochs[1].train_loss);  // exactly
   CHECK(resumed.epochs[0].train_loss == straight.epochs[0].train_loss);
@@ -181,11 +181,11 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
   o.out_dir = dir + "/epoch_end";
   o.resume = false;
   o.stop_after = straight.epochs[0].steps;
-  CHECK(models::train_translation(o).stopped);
+  CHECK(apps::train_translation(o).stopped);
   CHECK_FALSE(std::ifstream(dir + "/epoch_end/model.epoch1.safetensors").good());
   o.stop_after = 0;
   o.resume = true;
-  auto at_end = models::train_translation(o);
+  auto at_end = apps::train_translation(o);
   REQUIRE(at_end.epochs.size() == 2);
   CHECK(at_end.epochs[0].val_loss == straight.epochs[0].val_loss);
   CHECK(at_end.epochs[1].train_loss == straight.epochs[1].train_loss);
@@ -193,29 +193,29 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
   CHECK(at_end.test_bleu == straight.test_bleu);
   // Resuming with a recipe that changes the batch plan is refused, naming the option.
   o.max_tokens = 300;
-  CHECK(error_of([&] { models::train_translation(o); }).find("was trained with max_tokens = 256, but this run has "
+  CHECK(error_of([&] { apps::train_translation(o); }).find("was trained with max_tokens = 256, but this run has "
                                                              "max_tokens = 300") != std::string::npos);
   o.max_tokens = 256;
   // Keep the last K epoch checkpoints, the best one, and average the last N for the test.
   CHECK(std::ifstream(dir + "/straight/model.epoch1.safetensors").good());
   CHECK(std::ifstream(dir + "/straight/model.best.safetensors").good());
-  auto avg = models::average_checkpoints({dir + "/straight/model.epoch1.safetensors", dir + "/straight/model.epoch2.safetensors"});
+  auto avg = apps::average_checkpoints({dir + "/straight/model.epoch1.safetensors", dir + "/straight/model.epoch2.safetensors"});
   auto e1 = nn::load_safetensors(dir + "/straight/model.epoch1.safetensors").as_map();
   auto e2 = nn::load_safetensors(dir + "/straight/model.epoch2.safetensors").as_map();
   for (auto& [name, t] : avg) {
     INFO(name);
     CHECK(allclose(t, (e1.at(name) + e2.at(name)) * 0.5, 1e-6, 1e-7));
   }
-  CHECK(error_of([&] { models::average_checkpoints({dir + "/straight/model.epoch1.safetensors", dir + "/straight/checkpoint.safetensors"}); })
+  CHECK(error_of([&] { apps::average_checkpoints({dir + "/straight/model.epoch1.safetensors", dir + "/straight/checkpoint.safetensors"}); })
             .find("average_checkpoints:") != std::string::npos);
   {
-    models::TranslationOptions k = o;
+    apps::TranslationOptions k = o;
     k.out_dir = dir + "/keep";
     k.epochs = 3;
     k.keep = 2;
     k.average = 2;
     k.resume = false;
-    auto r = models::train_translation(k);
+    auto r = apps::train_translation(k);
     CHECK(r.averaged == 2);
     CHECK_FALSE(std::ifstream(dir + "/keep/model.epoch1.safetensors").good());
     CHECK(std::ifstream(dir + "/keep/model.epoch2.safetensors").good());
@@ -226,7 +226,7 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
   // A checkpoint of another config is refused with a clear message.
   o.out_dir = dir + "/interrupted";
   o.config = "small";
-  CHECK(error_of([&] { models::train_translation(o); }).find("was trained with config = tiny, but this run has config "
+  CHECK(error_of([&] { apps::train_translation(o); }).find("was trained with config = tiny, but this run has config "
                                                              "= small") != std::string::npos);
   std::filesystem::remove_all(dir);
 }

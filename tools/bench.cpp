@@ -13,9 +13,9 @@
 #include <map>
 #include <thread>
 
-#include "models/transformer.h"
-#include "ops/profile.h"
-#include "optim/optimizer.h"
+#include "tapestry/models/transformer.h"
+#include "tapestry/ops/profile.h"
+#include "tapestry/optim/optimizer.h"
 
 namespace tapestry::tools {
 

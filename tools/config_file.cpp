@@ -4,7 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <filesystem>
 
-#include "ops/error.h"
+#include "tapestry/ops/error.h"
 
 namespace tapestry {
 

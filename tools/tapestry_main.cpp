@@ -8,14 +8,14 @@
 
 #include <iostream>
 
-#include "models/attention_map.h"
-#include "models/bleu.h"
-#include "models/copy_task.h"
-#include "models/text.h"
-#include "models/translation.h"
+#include "apps/eval/attention_map.h"
+#include "apps/eval/bleu.h"
+#include "apps/tasks/copy_task.h"
+#include "apps/data/text.h"
+#include "apps/tasks/translation.h"
 #include "tools/config_file.h"
 #include "tools/bench.h"
-#include "tapestry.h"
+#include "tapestry/tapestry.h"
 
 using namespace tapestry;
 
@@ -51,13 +51,13 @@ CLI::Validator real_flag(double lo, bool lo_strict, double hi = INFINITY) {
       range);
 }
 
-int run_copy(const models::CopyTaskOptions& o) {
+int run_copy(const apps::CopyTaskOptions& o) {
   std::printf("copy task: vocab %lld, length %lld, batch %lld, d_model %lld, %lld+%lld %s-norm layers, %lld heads, "
               "d_ff %lld, Noam warmup %lld\n",
               (long long)o.vocab, (long long)o.seq_len, (long long)o.batch, (long long)o.d_model, (long long)o.layers,
               (long long)o.layers, o.pre_norm ? "pre" : "post", (long long)o.heads, (long long)o.d_ff,
               (long long)o.warmup);
-  auto r = models::train_copy_task(o, [](int64_t step, double loss, double acc) {
+  auto r = apps::train_copy_task(o, [](int64_t step, double loss, double acc) {
     std::printf("step %5lld  loss %.4f  exact copies %.1f%%\n", (long long)step, loss, 100 * acc);
     std::fflush(stdout);
   });
@@ -86,8 +86,8 @@ int main(int argc, char** argv) {
   train->add_option("--task", task, "copy (the Annotated Transformer's copy task) or multi30k (German to English)")
       ->check(CLI::IsMember({"copy", "multi30k"}))
       ->capture_default_str();
-  models::CopyTaskOptions copy;
-  models::TranslationOptions mt;
+  apps::CopyTaskOptions copy;
+  apps::TranslationOptions mt;
   int threads = 0;
   std::string norm;
   // Shared by both tasks (their defaults differ: the task's own apply when the flag is absent).
@@ -213,8 +213,8 @@ int main(int argc, char** argv) {
       auto preset = [&](const char* flag, auto& field, auto value) {
         if (quick && train->count(flag) == 0) field = value;
       };
-      preset("--epochs", mt.epochs, models::TranslationOptions::kQuickEpochs);
-      preset("--eval-limit", mt.eval_limit, models::TranslationOptions::kQuickEvalLimit);
+      preset("--epochs", mt.epochs, apps::TranslationOptions::kQuickEpochs);
+      preset("--eval-limit", mt.eval_limit, apps::TranslationOptions::kQuickEvalLimit);
       preset("--beam", mt.beam, int64_t{1});
       preset("--average", mt.average, int64_t{0});
       if (quick && train->count("--out") == 0) mt.out_dir = "runs/multi30k-quick";
@@ -224,36 +224,36 @@ int main(int argc, char** argv) {
       if (!norm.empty()) mt.pre_norm = norm == "pre";
       mt.threads = threads;
       if (print_config) {
-        std::printf("%s", models::options_to_toml(mt).c_str());
+        std::printf("%s", apps::options_to_toml(mt).c_str());
         return 0;
       }
-      auto result = models::train_translation(mt);
+      auto result = apps::train_translation(mt);
       return result.interrupted ? 128 + result.interrupted : 0;
     }
     if (*train) return run_copy(copy);
     if (*bench) return tools::run_bench(bo);
     if (*translate) {
-      auto lines = input_path.empty() ? models::read_lines(std::cin, "<stdin>") : models::read_lines(input_path);
-      auto translator = models::load_translator(ckpt_dir, tr_weights);
+      auto lines = input_path.empty() ? apps::read_lines(std::cin, "<stdin>") : apps::read_lines(input_path);
+      auto translator = apps::load_translator(ckpt_dir, tr_weights);
       std::fprintf(stderr, "translate: %s, %s\n", translator.weights_path.c_str(),
                    tr_greedy ? "greedy" : fmt::format("beam {}, alpha {}", tr_beam, tr_alpha).c_str());
-      for (const auto& out : models::translate(translator, lines, tr_greedy ? 1 : tr_beam, tr_alpha))
+      for (const auto& out : apps::translate(translator, lines, tr_greedy ? 1 : tr_beam, tr_alpha))
         std::printf("%s\n", out.c_str());
       return 0;
     }
     if (*attention) {
-      auto translator = models::load_translator(at_dir, at_weights);
-      auto maps = models::attention_maps(translator, at_sentence, at_target, at_layers);
-      models::write_attention_html(at_out, maps);
+      auto translator = apps::load_translator(at_dir, at_weights);
+      auto maps = apps::attention_maps(translator, at_sentence, at_target, at_layers);
+      apps::write_attention_html(at_out, maps);
       std::printf("source:      %s\ntranslation: %s\nwrote %zu maps (every head of each) to %s\n", maps.source.c_str(),
                   maps.translation.c_str(), maps.maps.size(), at_out.c_str());
       return 0;
     }
     if (*bleu) {
-      auto refs = models::read_lines(ref_path);
-      auto hyps = hyp_path.empty() ? models::read_lines(std::cin, "<stdin>") : models::read_lines(hyp_path);
-      auto score = models::corpus_bleu(hyps, refs);
-      std::printf("%s\n%s\n", score.format().c_str(), models::BleuScore::signature().c_str());
+      auto refs = apps::read_lines(ref_path);
+      auto hyps = hyp_path.empty() ? apps::read_lines(std::cin, "<stdin>") : apps::read_lines(hyp_path);
+      auto score = apps::corpus_bleu(hyps, refs);
+      std::printf("%s\n%s\n", score.format().c_str(), apps::BleuScore::signature().c_str());
       return 0;
     }
     std::printf("%s", app.help().c_str());

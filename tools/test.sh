@@ -32,7 +32,7 @@ for stage in $stages; do
   echo "== tools/test.sh: $stage stage"
   case $stage in
     release) run_suite build Release OFF "long|soak" ;;
-    sanitize) run_suite build-sanitize RelWithDebInfo ON "long|soak|kill" ;;
+    sanitize) run_suite build-sanitize RelWithDebInfo ON "long|soak|kill|install" ;;
     fuzz) tools/fuzz.sh "${TAPESTRY_FUZZ_SECONDS:-20}" ;;
     *) echo "tools/test.sh: unknown stage '$stage' (release, sanitize, fuzz)"; exit 2 ;;
   esac

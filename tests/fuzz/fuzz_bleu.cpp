@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "fuzz_util.h"
-#include "models/bleu.h"
-#include "ops/error.h"
+#include "apps/eval/bleu.h"
+#include "tapestry/ops/error.h"
 
 namespace {
 
-using tapestry::models::BleuScore;
+using tapestry::apps::BleuScore;
 
 // exp(log(100)) is 100.00000000000004 in IEEE doubles: a perfect score lands a few ulps above 100
 // (sacreBLEU reports the same). Anything further out is a bug.
@@ -45,7 +45,7 @@ std::vector<std::string> split_lines(const std::string& text) {
 int64_t token_count(const std::vector<std::string>& lines) {
   int64_t n = 0;
   for (const auto& line : lines) {
-    auto tokens = tapestry::models::tokenize_13a(line);
+    auto tokens = tapestry::apps::tokenize_13a(line);
     for (const auto& t : tokens) {
       if (t.empty()) fail("tokenize_13a gave an empty token");
       for (char c : t)
@@ -86,7 +86,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (refs.size() != hyps.size()) {
     bool refused = false;
     try {
-      tapestry::models::corpus_bleu(hyps, refs);
+      tapestry::apps::corpus_bleu(hyps, refs);
     } catch (const tapestry::Error&) {
       refused = true;
     }
@@ -94,11 +94,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fail("corpus_bleu accepted " + std::to_string(hyps.size()) + " hypotheses for " + std::to_string(refs.size()) +
            " references");
   } else {
-    check_score("hyp vs ref", tapestry::models::corpus_bleu(hyps, refs), hyp_len, ref_len);
+    check_score("hyp vs ref", tapestry::apps::corpus_bleu(hyps, refs), hyp_len, ref_len);
   }
 
   // The references against themselves: every n-gram matches.
-  BleuScore self = tapestry::models::corpus_bleu(refs, refs);
+  BleuScore self = tapestry::apps::corpus_bleu(refs, refs);
   check_score("ref vs ref", self, ref_len, ref_len);
   for (int n = 0; n < 4; ++n)
     if (self.correct[n] != self.total[n]) fail("ref vs ref: not every n-gram matched (" + self.format() + ")");

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "fuzz_util.h"
-#include "ops/error.h"
+#include "tapestry/ops/error.h"
 #include "tools/config_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "fuzz_util.h"
-#include "nn/safetensors.h"
-#include "ops/error.h"
-#include "ops/tensor.h"
+#include "tapestry/nn/safetensors.h"
+#include "tapestry/ops/error.h"
+#include "tapestry/ops/tensor.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static tapestry_fuzz::ScratchFile file("safetensors", ".safetensors");

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "fuzz_util.h"
-#include "models/text.h"
-#include "ops/error.h"
+#include "apps/data/text.h"
+#include "tapestry/ops/error.h"
 
 namespace {
 
@@ -67,12 +67,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   Outcome stream = attempt([&] {
     std::istringstream in(text);
-    return tapestry::models::read_lines(in, "<input>");
+    return tapestry::apps::read_lines(in, "<input>");
   });
 
   if (!gz) {
     plain.write(text);
-    Outcome file = attempt([&] { return tapestry::models::read_lines(plain.path()); });
+    Outcome file = attempt([&] { return tapestry::apps::read_lines(plain.path()); });
     const bool gzip_magic = text.size() >= 2 && static_cast<unsigned char>(text[0]) == 0x1f &&
                             static_cast<unsigned char>(text[1]) == 0x8b;
     if (!gzip_magic) compare("plain", file, stream);
@@ -85,7 +85,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!text.empty() && gzwrite(f, text.data(), static_cast<unsigned>(text.size())) != static_cast<int>(text.size()))
     tapestry_fuzz::fail("fuzz_text", "gzwrite failed");
   if (gzclose(f) != Z_OK) tapestry_fuzz::fail("fuzz_text", "gzclose failed");
-  Outcome file = attempt([&] { return tapestry::models::read_lines(packed.path()); });
+  Outcome file = attempt([&] { return tapestry::apps::read_lines(packed.path()); });
   compare("gzip", file, stream);
   return 0;
 }

@@ -36,12 +36,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "autograd/functions.h"
-#include "autograd/grad_mode.h"
+#include "tapestry/autograd/functions.h"
+#include "tapestry/autograd/grad_mode.h"
 #include "fuzz_util.h"
-#include "ops/error.h"
-#include "ops/factory.h"
-#include "ops/tensor.h"
+#include "tapestry/ops/error.h"
+#include "tapestry/ops/factory.h"
+#include "tapestry/ops/tensor.h"
 
 using tapestry::Shape;
 using tapestry::Tensor;

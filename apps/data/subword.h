@@ -1,0 +1,34 @@
+// Subwords through SentencePiece (Debian's libsentencepiece): a joint unigram model trained on
+// both sides of the training text, with fixed special ids pad 0, unk 1, bos 2, eos 3.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace tapestry::apps {
+
+class Subword {
+ public:
+  static constexpr int64_t kPad = 0, kUnk = 1, kBos = 2, kEos = 3;
+  // Trains a model of `vocab_size` pieces on `sentences` and writes it to model_path (through a
+  // temp file and rename). Throws a tapestry::Error with SentencePiece's message on failure.
+  static void train(const std::vector<std::string>& sentences, const std::string& model_path, int64_t vocab_size,
+                    uint64_t seed = 1);
+  explicit Subword(const std::string& model_path);
+  ~Subword();
+  std::vector<int64_t> encode(const std::string& text) const;
+  std::string decode(const std::vector<int64_t>& ids) const;  // drops the special ids
+  std::vector<std::string> pieces(const std::string& text) const;
+  std::string piece(int64_t id) const;  // the piece an id stands for ("<s>", "</s>" for bos, eos)
+  int64_t vocab_size() const;
+
+ private:
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+};
+
+}  // namespace tapestry::apps

@@ -1,0 +1,34 @@
+// The copy task of the Annotated Transformer: learn to output the source sequence (random
+// symbols 1..V-1, first symbol 1 as the start) and check exact copies on held-out sequences.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace tapestry::apps {
+
+struct CopyTaskOptions {
+  int64_t vocab = 11, seq_len = 10, batch = 80;
+  int64_t d_model = 512, heads = 8, d_ff = 2048, layers = 2;
+  double dropout = 0.1;
+  bool pre_norm = true;  // the Annotated Transformer's layout; post-norm diverges at its lr peak
+  int64_t warmup = 400;
+  double lr_factor = 0.5;  // the Annotated Transformer: Adam lr 0.5 times rate(factor 1): peak 1.1e-3
+  int64_t max_steps = 3000;
+  int64_t eval_every = 50;     // steps between held-out checks
+  int64_t eval_sequences = 200;
+  uint64_t seed = 1;
+};
+
+struct CopyTaskResult {
+  bool solved = false;     // every held-out sequence copied exactly
+  int64_t steps = 0;       // steps taken until solved (or max_steps)
+  double last_loss = 0;
+  double accuracy = 0;     // fraction of held-out sequences copied exactly at the end
+};
+
+// Calls report(step, loss, accuracy) after each held-out check.
+CopyTaskResult train_copy_task(const CopyTaskOptions& options,
+                               const std::function<void(int64_t, double, double)>& report = nullptr);
+
+}  // namespace tapestry::apps

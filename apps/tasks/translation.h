@@ -1,0 +1,97 @@
+// Training the Transformer on a parallel corpus (Multi30k German to English by default):
+// SentencePiece subwords, token-count batches, label-smoothed loss, Adam with the Noam schedule,
+// a progress line per epoch, validation loss and greedy BLEU after each epoch, an atomic
+// checkpoint, and beam-search BLEU on the test set at the end.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <map>
+#include <vector>
+
+#include "apps/data/subword.h"
+#include "tapestry/models/transformer.h"
+#include "tapestry/ops/tensor.h"
+
+namespace tapestry::apps {
+
+struct TranslationOptions {
+  // `tapestry train --quick` changes these defaults (README: "Quick recipe").
+  static constexpr int64_t kQuickEpochs = 2, kQuickEvalLimit = 300;
+  std::string data_dir;  // empty: default_data_dir()
+  std::string out_dir = "runs/multi30k";
+  std::string src_lang = "de", tgt_lang = "en";
+  std::string train_split = "train", val_split = "val", test_split = "test_2016_flickr";
+  std::string config = "small";
+  int64_t vocab_size = 8000;
+  // The default recipe (README: "Multi30k"): about 55 minutes on two cores.
+  int64_t max_tokens = 2048;  // padded tokens per batch
+  int64_t epochs = 12;
+  int64_t warmup = 400;
+  double lr_factor = 0.5;     // peak learning rate 0.5 * 256^-0.5 * 400^-0.5 = 1.6e-3 for the small config
+  double label_smoothing = 0.1;
+  double dropout = 0.1;
+  uint64_t seed = 1;
+  int64_t limit = 0;        // use only the first N training pairs (0: all)
+  int64_t eval_limit = 0;   // score only the first N val/test sentences (0: all)
+  int64_t beam = 4;
+  double alpha = 0.6;
+  bool progress = true;
+  bool resume = false;       // continue from out_dir's checkpoint, exactly (Note [Exact resume])
+  bool overwrite = false;    // start over in an out_dir that holds a run (its files are removed first)
+  std::string on_nan = "stop";  // a non-finite loss or gradient norm: "stop" (throw, nothing saved) or "skip" the step
+  bool detect_anomaly = false;  // name the first op whose forward gives NaN or whose backward gives NaN/inf
+  int64_t save_every = 0;    // also checkpoint every N steps (0: at the end of each epoch only)
+  int64_t stop_after = 0;    // stop after N steps, right after a checkpoint (tests interruption)
+  int64_t keep = 5;          // keep the last K epoch checkpoints (model.epochE.safetensors)
+  int64_t average = 5;       // before the test, average the weights of the last N epoch checkpoints
+  int64_t accumulate = 1;    // one optimizer step per N batches (their gradients summed, tokens weighted)
+  double clip_norm = 0;      // clip the global gradient norm to this before each step (0: no clipping)
+  bool pre_norm = false;     // pre-norm layers (x + Sublayer(LayerNorm(x))) instead of the paper's post-norm
+  int64_t threads = 0;       // 0: all cores
+};
+
+// The options as TOML, one `key = value` per line with the command line's flag names as keys, so
+// that the file (saved as config.toml beside the checkpoints) reads back with
+// `tapestry train --config-file FILE`.
+std::string options_to_toml(const TranslationOptions& options);
+
+struct EpochResult {
+  int64_t epoch = 0, steps = 0;
+  double train_loss = 0, val_loss = 0, val_bleu = 0, seconds = 0, tokens_per_s = 0;
+};
+
+struct TranslationResult {
+  std::vector<EpochResult> epochs;
+  double test_bleu = 0, val_bleu = 0;  // the final model's (averaged or last), decoded as the test set is
+  std::string test_bleu_line;
+  bool stopped = false;  // stop_after cut the run short
+  int interrupted = 0;   // the signal (SIGINT/SIGTERM) that stopped the run after a checkpoint, or 0
+  int64_t skipped_steps = 0;  // steps skipped for a non-finite loss or gradient (--on-nan skip)
+  double best_val_bleu = -1;
+  int64_t best_epoch = 0;
+  int64_t averaged = 0;  // how many checkpoints were averaged for the test (0: none)
+};
+
+// The element-wise mean of the parameters in `paths` (safetensors files of one model), as the
+// paper averages its last checkpoints. Throws naming the file whose tensors do not match.
+std::map<std::string, Tensor> average_checkpoints(const std::vector<std::string>& paths);
+
+TranslationResult train_translation(const TranslationOptions& options);
+
+// A trained model and its subwords, from a directory train_translation wrote. `weights` names
+// the file in it; empty picks the weights the final test used: model.avg.safetensors when
+// checkpoints were averaged, else model.safetensors. Throws a tapestry::Error naming the file
+// when it is missing or does not fit its recorded config.
+struct Translator {
+  std::string weights_path;
+  std::unique_ptr<Subword> subword;
+  std::unique_ptr<models::Transformer> model;
+};
+Translator load_translator(const std::string& checkpoint_dir, const std::string& weights = "");
+
+// Translations of `sources`, in order, batched: beam search with the paper's length penalty, or
+// greedy when beam is 1.
+std::vector<std::string> translate(Translator& translator, const std::vector<std::string>& sources, int64_t beam = 4,
+                                   double alpha = 0.6);
+
+}  // namespace tapestry::apps

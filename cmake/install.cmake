@@ -1,0 +1,35 @@
+# `cmake --install build --prefix P`: the engine's headers under P/include/tapestry/, the library,
+# the CMake package (find_package(tapestry) gives tapestry::tapestry) and tapestry.pc for
+# pkg-config. Both are relocatable: they find the prefix from where they are installed.
+include(CMakePackageConfigHelpers)
+
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/tapestry/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tapestry
+        FILES_MATCHING PATTERN "*.h")
+install(FILES ${PROJECT_BINARY_DIR}/include/tapestry/version.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tapestry)
+install(TARGETS tapestry EXPORT tapestryTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+
+set(TAPESTRY_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/tapestry)
+install(EXPORT tapestryTargets NAMESPACE tapestry:: DESTINATION ${TAPESTRY_CMAKE_DIR})
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/tapestryConfig.cmake.in
+                              ${PROJECT_BINARY_DIR}/tapestryConfig.cmake INSTALL_DESTINATION ${TAPESTRY_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/tapestryConfigVersion.cmake COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/tapestryConfig.cmake ${PROJECT_BINARY_DIR}/tapestryConfigVersion.cmake
+        DESTINATION ${TAPESTRY_CMAKE_DIR})
+
+# pkg-config: a static library lists what it links in Libs (plain `pkg-config --libs` works).
+if(TAPESTRY_OPENMP)
+  set(TAPESTRY_PC_OPENMP " -fopenmp")
+endif()
+get_target_property(TAPESTRY_LIBRARY_TYPE tapestry TYPE)
+if(TAPESTRY_LIBRARY_TYPE STREQUAL "STATIC_LIBRARY")
+  set(TAPESTRY_PC_LIBS "-L\${libdir} -ltapestry -lopenblas -lz${TAPESTRY_PC_OPENMP}")
+  set(TAPESTRY_PC_LIBS_PRIVATE "")
+else()
+  set(TAPESTRY_PC_LIBS "-L\${libdir} -ltapestry")
+  set(TAPESTRY_PC_LIBS_PRIVATE "-lopenblas -lz${TAPESTRY_PC_OPENMP}")
+endif()
+configure_file(${CMAKE_CURRENT_LIST_DIR}/tapestry.pc.in ${PROJECT_BINARY_DIR}/tapestry.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/tapestry.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -1,0 +1,86 @@
+// Raw compute kernels: no autograd, no recording. Every differentiable op in autograd/ calls
+// these for its forward and its backward. Each entry checks the device (check_device); the CPU
+// kernels in ops/cpu/ are the only backend today, and ops/cuda/ will mirror them file for file
+// behind the same declarations when the CUDA build lands. Inputs may be any strided
+// views; outputs are fresh contiguous tensors unless the name ends in '_' (writes in place).
+#pragma once
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "tapestry/ops/tensor.h"
+
+namespace tapestry::kernels {
+
+// ReluBackward: a where b > 0, else 0 (the gradient a of relu given its output b).
+enum class Binary { Add, Sub, Mul, Div, Pow, Maximum, Minimum, ReluBackward, Eq, Ne, Lt, Le, Gt, Ge };
+enum class Unary { Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu, GeluGrad, Sigmoid, Abs, Sign, PowScalar, Clamp };
+enum class Reduce { Sum, Max, Min };
+
+bool is_comparison(Binary kind);
+
+// out = a (op) b with broadcasting; comparisons give Bool. dtypes of a and b must match.
+Tensor binary(const char* op, Binary kind, const Tensor& a, const Tensor& b);
+// In place: a = a (op) b, b broadcast to a's shape.
+void binary_(const char* op, Binary kind, Tensor& a, const Tensor& b);
+// p0/p1: the exponent of PowScalar, the bounds of Clamp.
+Tensor unary(const char* op, Unary kind, const Tensor& a, double p0 = 0, double p1 = 0);
+// cond ? a : b, all three broadcast together; cond is Bool.
+Tensor where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& b);
+// dst = src (broadcast to dst's shape, converted to dst's dtype).
+void copy_(const Tensor& dst, const Tensor& src);
+void fill_(const Tensor& dst, double value);
+Tensor contiguous(const Tensor& a);
+Tensor to_dtype(const Tensor& a, DType dtype);
+
+// Reduce over `dims` (wrapped, any order). Sum of Bool/Int64 gives Int64.
+Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim);
+// Max or Min over one dim: values and int64 indices (first occurrence wins).
+std::pair<Tensor, Tensor> reduce_with_index(const char* op, Reduce kind, const Tensor& a, int64_t dim, bool keepdim);
+
+Tensor softmax(const Tensor& a, int64_t dim, bool log);
+// Given y = softmax(x) (or log_softmax) and dy, returns dx.
+Tensor softmax_backward(const Tensor& y, const Tensor& dy, int64_t dim, bool log);
+
+// Layer norm over the last `norm_dims` dims: returns {y, mean, rstd} (mean/rstd: one per row).
+struct LayerNormOut { Tensor y, mean, rstd; };
+LayerNormOut layer_norm(const Tensor& x, int64_t norm_dims, const Tensor& weight, const Tensor& bias, double eps);
+struct LayerNormGrads { Tensor dx, dweight, dbias; };
+LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                   int64_t norm_dims, const Tensor& weight, bool need_weight_grads);
+
+// a [..., M, K] @ b [..., K, N] -> [..., M, N], batch dims broadcast; both at least 2-D.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+Tensor index_select(const char* op, const Tensor& a, int64_t dim, const Tensor& index);
+// zeros(shape) with src's slices added at `index` along dim (the backward of index_select).
+Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
+// zeros(shape) with out[..index[i]..] += src[i] along dim (the backward of gather).
+Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
+
+// Label-smoothed cross-entropy of logits [N, V] against int64 targets [N], fused with the
+// log-softmax: the target distribution q puts 1 - smoothing on the gold class, 0 on ignore_index
+// (when it is a class) and spreads smoothing evenly over the remaining classes; rows whose
+// target is ignore_index carry no loss. Returns the summed loss, each row's log-sum-exp (all
+// that backward needs besides the logits) and the number of counted rows.
+struct CrossEntropyOut { Tensor loss_sum, lse; int64_t count = 0; };
+CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& target, double smoothing, int64_t ignore_index);
+// d loss_sum * scale / d logits = (sum(q) * softmax(logits) - q) * scale on counted rows, 0 elsewhere.
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, double smoothing,
+                              int64_t ignore_index, double scale);
+
+// x * mask / (1 - p), the mask drawn per element from a counter-based hash of (seed, index):
+// the same seed gives the same mask (so backward recomputes it instead of storing it), and
+// the result does not depend on the thread count.
+Tensor dropout(const Tensor& x, double p, uint64_t seed);
+
+void uniform_(const Tensor& dst, double lo, double hi, std::mt19937_64& engine);
+void normal_(const Tensor& dst, double mean, double std, std::mt19937_64& engine);
+void randint_(const Tensor& dst, int64_t low, int64_t high, std::mt19937_64& engine);
+
+// Raises a clear error when a tensor is not on the CPU (until the CUDA backend lands).
+void check_device(const char* op, const Tensor& t);
+
+}  // namespace tapestry::kernels

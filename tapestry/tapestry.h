@@ -1,0 +1,19 @@
+// tapestry: the whole public API in one include.
+#pragma once
+#include "tapestry/version.h"
+#include "tapestry/autograd/anomaly.h"
+#include "tapestry/autograd/functions.h"
+#include "tapestry/autograd/grad_mode.h"
+#include "tapestry/autograd/gradcheck.h"
+#include "tapestry/autograd/node.h"
+#include "tapestry/models/transformer.h"
+#include "tapestry/nn/layers.h"
+#include "tapestry/nn/module.h"
+#include "tapestry/nn/safetensors.h"
+#include "tapestry/ops/factory.h"
+#include "tapestry/ops/tensor.h"
+#include "tapestry/optim/optimizer.h"
+
+namespace tapestry {
+constexpr const char* kVersion = TAPESTRY_VERSION;  // tapestry/version.h, from project() in CMakeLists.txt
+}

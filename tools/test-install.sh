@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The library as its users get it (ctest `install_consumer`, label `install`):
+#  1. `cmake --install BUILD --prefix P` into a temporary prefix; the package must not carry
+#     -march=native (nor any flag of ours) to consumers;
+#  2. the standalone project examples/ configures with find_package(tapestry), builds, and its
+#     programs run;
+#  3. the same example compiles by hand with pkg-config's flags, as the README shows;
+#  4. as a subproject (add_subdirectory) tapestry configures the library alone: no tests, no tools.
+# Usage: tools/test-install.sh BUILD_DIR
+set -euo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "$1" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+for f in include/tapestry/tapestry.h include/tapestry/version.h include/tapestry/nn/layers.h \
+         lib/cmake/tapestry/tapestryConfig.cmake lib/cmake/tapestry/tapestryConfigVersion.cmake lib/pkgconfig/tapestry.pc; do
+  [[ -f $tmp/prefix/$f ]] || { echo "FAIL: the install has no $f"; exit 1; }
+done
+if grep -rn -e '-march' -e '-Wall' -e 'fsanitize' "$tmp/prefix/lib/cmake/tapestry" "$tmp/prefix/lib/pkgconfig"; then
+  echo "FAIL: the installed package passes our private compile flags on to consumers"; exit 1
+fi
+
+cmake -S "$src/examples" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$tmp/consumer" -j "$(nproc)" >/dev/null
+(cd "$tmp/consumer" && ctest --output-on-failure)
+"$tmp/consumer/custom_op"
+
+# By hand, with pkg-config (README: "Using tapestry in your project").
+export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
+g++ -std=c++17 -O2 "$src/examples/mlp.cpp" -o "$tmp/mlp" $(pkg-config --cflags --libs tapestry)
+"$tmp/mlp" | tail -1
+
+# As a subproject: only the library target, unless asked.
+mkdir -p "$tmp/sub"
+cat > "$tmp/sub/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.20)
+project(sub LANGUAGES CXX)
+add_subdirectory("$src" tapestry)
+foreach(t tapestry_tests tapestry_cli tapestry_apps)
+  if(TARGET \${t})
+    message(FATAL_ERROR "add_subdirectory(tapestry) made the target \${t}")
+  endif()
+endforeach()
+if(NOT TARGET tapestry::tapestry)
+  message(FATAL_ERROR "add_subdirectory(tapestry) gave no tapestry::tapestry")
+endif()
+CMAKE
+cmake -S "$tmp/sub" -B "$tmp/sub/build" >/dev/null
+echo "install_consumer: installed, found by find_package and pkg-config, built and ran; subproject builds the library only"

@@ -1,9 +1,10 @@
 // Benchmarks (`tapestry bench`). A workload is a Transformer size and a synthetic batch drawn
 // from a seed; the figures are: the train step (forward + label-smoothed loss + backward + Adam
-// step) as the median over `steps` after `warmup`, target tokens/s and achieved GFLOP/s;
+// step, the Trainer's step) as the median over `steps` after `warmup`, target tokens/s and achieved GFLOP/s;
 // forward-only time; greedy decoding tokens/s with the KV cache; sgemm GFLOP/s of our matmul on
 // the workload's feed-forward shape (B*T x D) @ (D x d_ff); and peak RSS. tools/reference/bench_torch.py measures the same.
 #include "tools/bench.h"
+#include "tools/cli.h"
 
 #include <sys/resource.h>
 
@@ -13,6 +14,7 @@
 #include <map>
 #include <thread>
 
+#include "apps/train/trainer.h"
 #include "tapestry/models/transformer.h"
 #include "tapestry/ops/profile.h"
 #include "tapestry/optim/optimizer.h"
@@ -95,13 +97,17 @@ int run_bench(const BenchOptions& o) {
   Tensor tgt = randint(3, w.vocab, {w.batch, w.tgt_len + 1}, DType::Int64, &data);
   Tensor tgt_in = tgt.slice(1, 0, w.tgt_len).contiguous(), tgt_out = tgt.slice(1, 1, w.tgt_len + 1).contiguous();
 
+  // The step training runs (apps/train/trainer.h): forward, loss, backward, gradient norm (the
+  // non-finite guard), Adam step; no schedule, no clipping.
+  apps::TrainerOptions to;
+  to.progress = false;
+  apps::Trainer trainer(model, adam, nullptr, to);
+  const std::vector<apps::TrainBatch> batch = {
+      {w.batch * w.tgt_len, [&] { return model.loss(src, tgt_in, tgt_out, 0.1); }}};
   std::vector<double> train_ms;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     double t0 = now_ms();
-    Tensor loss = model.loss(src, tgt_in, tgt_out, 0.1);
-    loss.backward();
-    adam.step();
-    adam.zero_grad();
+    trainer.step(batch);
     double t1 = now_ms();
     if (s >= o.warmup) train_ms.push_back(t1 - t0);
   }
@@ -109,12 +115,7 @@ int run_bench(const BenchOptions& o) {
     profile::reset();
     profile::set_enabled(true);
     double t0 = now_ms();
-    for (int s = 0; s < o.steps; ++s) {
-      Tensor loss = model.loss(src, tgt_in, tgt_out, 0.1);
-      loss.backward();
-      adam.step();
-      adam.zero_grad();
-    }
+    for (int s = 0; s < o.steps; ++s) trainer.step(batch);
     double total = (now_ms() - t0) / o.steps;
     profile::set_enabled(false);
     FILE* to = o.json ? stderr : stdout;  // --json keeps stdout to one JSON line
@@ -187,6 +188,25 @@ int run_bench(const BenchOptions& o) {
               (long long)(w.batch * w.tgt_len), (long long)w.d_model, (long long)w.d_model, (long long)w.d_ff);
   std::printf("peak RSS          %8.1f MiB\n", peak_rss_mib());
   return 0;
+}
+
+}  // namespace tapestry::tools
+
+namespace tapestry::tools {
+
+Command add_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  auto* bench = app.add_subcommand("bench", "time a named workload (see docs/benchmarks.md)");
+  bench->add_option("--workload", o->workload, "copy, small or base")
+      ->check(CLI::IsMember({"copy", "small", "base"}))
+      ->capture_default_str();
+  bench->add_option("--threads", o->threads, "threads (default: all cores)")->check(positive());
+  bench->add_option("--steps", o->steps, "timed train steps")->check(positive())->capture_default_str();
+  bench->add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  bench->add_flag("--json", o->json, "one JSON object on one line");
+  bench->add_flag("--profile", o->profile, "also print per-op times of the train step");
+  bench->add_flag("--peak", o->peak, "measure the machine's fp32 FMA peak instead");
+  return [o] { return run_bench(*o); };
 }
 
 }  // namespace tapestry::tools

@@ -1,8 +1,9 @@
-// Copy task training loop (see copy_task.h): Adam (0.9, 0.98, 1e-9) with the Noam schedule, as
-// the Annotated Transformer trains it; greedy decoding on held-out sequences.
+// The copy task on the Trainer (see copy_task.h): Adam (0.9, 0.98, 1e-9) with the Noam schedule,
+// as the Annotated Transformer trains it; greedy decoding on held-out sequences.
 #include "apps/tasks/copy_task.h"
 
 #include "tapestry/models/transformer.h"
+#include "apps/train/trainer.h"
 #include "tapestry/optim/optimizer.h"
 
 namespace tapestry::apps {
@@ -16,11 +17,28 @@ Tensor random_sequences(int64_t n, int64_t len, int64_t vocab, Generator& gen) {
   seq.select(1, 0).fill_(1);
   return seq;
 }
+
+// Random sequences, drawn fresh for every batch from their own generator.
+class CopyData : public DataSource {
+ public:
+  CopyData(Transformer& model, const CopyTaskOptions& o) : model_(model), o_(o), gen_(o.seed + 1) {}
+  int64_t plan(int64_t) override { return o_.max_steps; }  // one "epoch" of max_steps batches
+  TrainBatch batch(int64_t) override {
+    Tensor seq = random_sequences(o_.batch, o_.seq_len, o_.vocab, gen_);
+    Tensor tgt_in = seq.slice(1, 0, o_.seq_len - 1).contiguous(), tgt_out = seq.slice(1, 1, o_.seq_len).contiguous();
+    return {o_.batch * (o_.seq_len - 1), [this, seq, tgt_in, tgt_out] { return model_.loss(seq, tgt_in, tgt_out, 0.0); }};
+  }
+
+ private:
+  Transformer& model_;
+  const CopyTaskOptions& o_;
+  Generator gen_;
+};
 }  // namespace
 
-CopyTaskResult train_copy_task(const CopyTaskOptions& o, const std::function<void(int64_t, double, double)>& report) {
+CopyTaskResult train_copy_task(const CopyTaskOptions& o) {
   manual_seed(o.seed);
-  Generator data_gen(o.seed + 1), eval_gen(o.seed + 2);
+  Generator eval_gen(o.seed + 2);
   TransformerConfig cfg;
   cfg.src_vocab = cfg.tgt_vocab = o.vocab;
   cfg.d_model = o.d_model, cfg.heads = o.heads, cfg.d_ff = o.d_ff;
@@ -41,33 +59,29 @@ CopyTaskResult train_copy_task(const CopyTaskOptions& o, const std::function<voi
   dec.eos = -1;         // no end symbol: decode exactly seq_len - 1 tokens
   dec.max_extra = -1;   // output length = source length - 1
 
-  CopyTaskResult r;
-  for (int64_t step = 1; step <= o.max_steps; ++step) {
-    model.train();
-    Tensor seq = random_sequences(o.batch, o.seq_len, o.vocab, data_gen);
-    Tensor tgt_in = seq.slice(1, 0, o.seq_len - 1).contiguous(), tgt_out = seq.slice(1, 1, o.seq_len).contiguous();
-    schedule.apply(opt, step);
-    Tensor loss = model.loss(seq, tgt_in, tgt_out, 0.0);
-    loss.backward();
-    opt.step();
-    opt.zero_grad();
-    r.last_loss = loss.item<double>();
-    r.steps = step;
-    if (step % o.eval_every == 0 || step == o.max_steps) {
-      auto hyps = greedy_decode(model, held_out, dec);
-      int64_t exact = 0;
-      for (int64_t i = 0; i < o.eval_sequences; ++i) {
-        std::vector<int64_t> want(expected.begin() + i * (o.seq_len - 1), expected.begin() + (i + 1) * (o.seq_len - 1));
-        exact += hyps[i].tokens == want;
-      }
-      r.accuracy = static_cast<double>(exact) / static_cast<double>(o.eval_sequences);
-      if (report) report(step, r.last_loss, r.accuracy);
-      if (exact == o.eval_sequences) {
-        r.solved = true;
-        break;
-      }
+  TrainerOptions to;
+  to.eval_every = o.eval_every;
+  to.progress = o.progress;
+  to.step_log = o.step_log;
+  Trainer trainer(model, opt, &schedule, to);
+  trainer.evaluate = [&](int64_t, int64_t) {
+    auto hyps = greedy_decode(model, held_out, dec);
+    int64_t exact = 0;
+    for (int64_t i = 0; i < o.eval_sequences; ++i) {
+      std::vector<int64_t> want(expected.begin() + i * (o.seq_len - 1), expected.begin() + (i + 1) * (o.seq_len - 1));
+      exact += hyps[static_cast<size_t>(i)].tokens == want;
     }
-  }
+    return Metrics{{"exact_copies", "exact copies", 100.0 * static_cast<double>(exact) / static_cast<double>(o.eval_sequences), 1, "%"}};
+  };
+  trainer.should_stop = [](const Metrics& m) { return metric(m, "exact_copies") == 100.0; };
+  CopyData data(model, o);
+  FitResult fit = trainer.fit(data);
+
+  CopyTaskResult r;
+  r.steps = fit.steps;
+  r.last_loss = fit.last_loss;
+  r.accuracy = metric(fit.last_metrics, "exact_copies") / 100.0;
+  r.solved = fit.finished_early || r.accuracy == 1.0;
   return r;
 }
 

@@ -2,7 +2,6 @@
 // symbols 1..V-1, first symbol 1 as the start) and check exact copies on held-out sequences.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <string>
 
 namespace tapestry::apps {
@@ -18,6 +17,8 @@ struct CopyTaskOptions {
   int64_t eval_every = 50;     // steps between held-out checks
   int64_t eval_sequences = 200;
   uint64_t seed = 1;
+  bool progress = true;   // the Trainer's progress line on stderr
+  std::string step_log;   // a TSV line per step (see TrainerOptions::step_log)
 };
 
 struct CopyTaskResult {
@@ -27,8 +28,8 @@ struct CopyTaskResult {
   double accuracy = 0;     // fraction of held-out sequences copied exactly at the end
 };
 
-// Calls report(step, loss, accuracy) after each held-out check.
-CopyTaskResult train_copy_task(const CopyTaskOptions& options,
-                               const std::function<void(int64_t, double, double)>& report = nullptr);
+// Trains on the Trainer: a line per held-out check (step, loss, exact copies), stopping once
+// every held-out sequence is copied exactly.
+CopyTaskResult train_copy_task(const CopyTaskOptions& options);
 
 }  // namespace tapestry::apps

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "apps/data/subword.h"
+#include "apps/train/trainer.h"
 #include "tapestry/models/transformer.h"
 #include "tapestry/ops/tensor.h"
 
@@ -48,6 +49,7 @@ struct TranslationOptions {
   double clip_norm = 0;      // clip the global gradient norm to this before each step (0: no clipping)
   bool pre_norm = false;     // pre-norm layers (x + Sublayer(LayerNorm(x))) instead of the paper's post-norm
   int64_t threads = 0;       // 0: all cores
+  std::string step_log;      // a TSV line per optimizer step (Trainer: step, epoch, loss, tokens, lr, grad norm)
 };
 
 // The options as TOML, one `key = value` per line with the command line's flag names as keys, so
@@ -71,10 +73,6 @@ struct TranslationResult {
   int64_t best_epoch = 0;
   int64_t averaged = 0;  // how many checkpoints were averaged for the test (0: none)
 };
-
-// The element-wise mean of the parameters in `paths` (safetensors files of one model), as the
-// paper averages its last checkpoints. Throws naming the file whose tensors do not match.
-std::map<std::string, Tensor> average_checkpoints(const std::vector<std::string>& paths);
 
 TranslationResult train_translation(const TranslationOptions& options);
 

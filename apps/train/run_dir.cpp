@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -14,6 +15,43 @@
 #include "tapestry/ops/error.h"
 
 namespace tapestry::apps {
+
+namespace {
+// The files the Trainer writes into a run folder; epoch copies are matched by prefix.
+const char* const kTrainerFiles[] = {"checkpoint.safetensors", "model.safetensors", "optimizer.safetensors",
+                                     "model.best.safetensors", "model.avg.safetensors", "curves.svg"};
+
+bool exists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
+}
+}  // namespace
+
+RunFolder::RunFolder(const std::string& dir, bool resume, bool overwrite, const std::vector<std::string>& task_files)
+    : dir_(dir) {
+  TP_CHECK(!(resume && overwrite), "train: --resume and --overwrite contradict each other; choose one");
+  std::error_code mkdir_error;
+  std::filesystem::create_directories(dir, mkdir_error);  // with its parents, as `mkdir -p`
+  TP_CHECK(std::filesystem::is_directory(dir), "train: cannot create the output directory {}{}", dir,
+           mkdir_error ? ": " + mkdir_error.message() : "");
+  lock_ = std::make_unique<RunLock>(dir);
+  for (const std::string& f : remove_stale_temp_files(dir))
+    std::printf("train: removed %s/%s, left by an interrupted write\n", dir.c_str(), f.c_str());
+  std::vector<std::string> files(std::begin(kTrainerFiles), std::end(kTrainerFiles));
+  files.insert(files.end(), task_files.begin(), task_files.end());
+  bool holds_run = false;
+  for (const auto& f : files) holds_run = holds_run || exists(dir + "/" + f);
+  if (!holds_run || resume) return;
+  TP_CHECK(overwrite, "train: {} already holds a run; pass --resume to continue it, or --overwrite to start over "
+           "(which deletes its checkpoints)", dir);
+  std::error_code ec;
+  for (const auto& f : files) std::filesystem::remove(dir + "/" + f, ec);
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("model.epoch", 0) == 0) std::filesystem::remove(entry.path(), ec);
+  }
+  std::printf("train: --overwrite: removed the run in %s\n", dir.c_str());
+}
 
 RunLock::RunLock(const std::string& dir) {
   const std::string path = dir + "/.lock";

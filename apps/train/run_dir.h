@@ -1,7 +1,8 @@
 // What a training run needs from its output folder and the process around it: one run per
 // folder (a lock), no silent reuse of an earlier run's files, no stale temp files, and a clean
-// stop on SIGINT/SIGTERM. See Note [Run folders] and Note [Checkpoint unit] in translation.cpp.
+// stop on SIGINT/SIGTERM. See Note [Run folders] here and Note [Checkpoint unit] in trainer.cpp.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,21 @@ class RunLock {
 
  private:
   int fd_ = -1;
+};
+
+// Note [Run folders]: one run per folder, held by a lock for the life of the run. A folder that
+// holds a run is refused unless the run is resumed or overwrite removes it first, and temp files
+// of writers that died mid-write are removed (no writer can be alive: the lock). RunFolder does
+// all of it: it creates DIR (with its parents), locks it, cleans it, and on overwrite removes the
+// run's files, the Trainer's (checkpoints, weights, curves) and the task's `task_files`.
+class RunFolder {
+ public:
+  RunFolder(const std::string& dir, bool resume, bool overwrite, const std::vector<std::string>& task_files);
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<RunLock> lock_;
 };
 
 // Removes DIR's temp files (`*.tmp.PID...`) left by a writer that died mid-write; returns their

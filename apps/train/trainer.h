@@ -1,0 +1,148 @@
+// The one training loop of tapestry's applications. A task (translation, the copy task, a
+// language model, ...) hands the Trainer a model, an optimizer, a schedule and a DataSource; the
+// Trainer runs the steps (gradient accumulation weighted by tokens, clipping, the schedule, a
+// non-finite guard), shows progress with rate and ETA, evaluates through the task's hook, and,
+// given a run folder, writes checkpoints (every N steps and per epoch), keeps the last K epoch
+// copies and the best on a metric, averages the last N, resumes exactly (Note [Exact resume])
+// and draws the curves. `tapestry bench` times Trainer::step, the same step training runs.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tapestry/nn/module.h"
+#include "tapestry/optim/optimizer.h"
+
+namespace tapestry::apps {
+
+// One batch as the trainer sees it: how many tokens its loss averages over (which weights it
+// inside an accumulated step) and how to compute that mean loss (recording the forward pass).
+struct TrainBatch {
+  int64_t tokens = 1;
+  std::function<Tensor()> loss;
+};
+
+// Where the batches come from. plan(epoch) is called once at the start of each epoch (1-based)
+// and returns how many batches it has; batch(i) gives batch i of the planned epoch. A resumed run
+// calls plan() for its epoch and then batch() from where it stopped, so a plan must follow from
+// the epoch alone (and the task's seed), never from earlier calls.
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  virtual int64_t plan(int64_t epoch) = 0;
+  virtual TrainBatch batch(int64_t index) = 0;
+};
+
+// A number an evaluation reports: "val loss 4.273" in the epoch line, a curve in curves.svg.
+struct Metric {
+  std::string key;     // its metadata name in checkpoints ("val_bleu")
+  std::string label;   // as printed and plotted ("val BLEU")
+  double value = 0;
+  int decimals = 3;
+  std::string note;    // printed after the value (" (greedy)")
+  bool own_axis = false;  // plotted on the right-hand axis (a score beside losses)
+};
+using Metrics = std::vector<Metric>;
+// The value of `key` in metrics; throws naming the key when absent.
+double metric(const Metrics& metrics, const std::string& key);
+
+struct TrainerOptions {
+  int64_t epochs = 1;
+  int64_t accumulate = 1;       // batches per optimizer step, their gradients summed token-weighted
+  double clip_norm = 0;         // clip the global gradient norm to this before each step (0: none)
+  std::string on_nan = "stop";  // a non-finite loss or gradient norm: "stop" (throw) or "skip" the step
+  int64_t eval_every = 0;       // also evaluate every N steps (0: at the end of each epoch only)
+  bool progress = true;         // the progress line on stderr
+  std::string step_log;         // a TSV line per optimizer step: step, epoch, loss, tokens, lr, grad norm
+
+  // The run folder (empty: nothing is written, as for the copy task and bench) and what goes in it.
+  std::string out_dir;
+  bool resume = false;          // continue from out_dir's checkpoint, exactly (Note [Exact resume])
+  int64_t save_every = 0;       // also checkpoint every N steps (0: at the end of each epoch only)
+  int64_t stop_after = 0;       // stop after N steps, right after a checkpoint (tests interruption)
+  int64_t keep = 5;             // keep the last K epoch copies (model.epochE.safetensors)
+  int64_t average = 5;          // after the last epoch, average the last N epoch copies into the model
+  std::string best_metric;      // keep model.best.safetensors on this metric's highest value ("": none)
+  // Resume refuses a checkpoint whose recipe differs: the model and whatever decides the batches.
+  // A key absent from an older checkpoint is compared with recipe_defaults, or passes.
+  std::map<std::string, std::string> recipe, recipe_defaults;
+  std::map<std::string, std::string> model_metadata;  // written with every weights file
+  std::map<std::string, std::string> run_files;       // written (atomically) once resume has checked
+  std::string curves_title;     // curves.svg's title
+};
+
+struct EpochRecord {
+  int64_t epoch = 0, steps = 0;  // steps: the optimizer steps taken by the end of this epoch
+  double train_loss = 0, seconds = 0, tokens_per_s = 0;
+  Metrics metrics;
+};
+
+struct StepResult {
+  double loss = 0;       // the step's mean loss over its tokens
+  double loss_sum = 0;   // its sum over the tokens (each batch's mean loss times its tokens)
+  int64_t tokens = 0;
+  double grad_norm = 0;  // before clipping
+  bool taken = true;     // false: skipped for a non-finite loss or gradient (on_nan = "skip")
+};
+
+struct FitResult {
+  std::vector<EpochRecord> epochs;
+  int64_t steps = 0;
+  double last_loss = 0;      // the last step's
+  Metrics last_metrics;      // the last evaluation's
+  bool stopped = false;      // stop_after cut the run short
+  bool finished_early = false;  // the should_stop hook ended training
+  int interrupted = 0;       // the signal (SIGINT/SIGTERM) that stopped the run after a checkpoint, or 0
+  int64_t skipped_steps = 0;
+  double best_value = 0;
+  int64_t best_epoch = 0;    // 0: none
+  int64_t averaged = 0;      // epoch copies averaged into the model at the end (0: none)
+};
+
+class Trainer {
+ public:
+  // The schedule may be null (the optimizer's lr stays as it is).
+  Trainer(nn::Module& model, optim::Optimizer& optimizer, const optim::Schedule* schedule, TrainerOptions options);
+
+  // Evaluation after each epoch (and every eval_every steps); its metrics are printed, plotted,
+  // recorded. The model is in eval mode while it runs.
+  std::function<Metrics(int64_t epoch, int64_t step)> evaluate;
+  // Ends training early after an evaluation (the copy task: every sequence copied).
+  std::function<bool(const Metrics&)> should_stop;
+
+  FitResult fit(DataSource& data);
+
+  // One optimizer step on a group of batches: schedule, forward and backward of each (token
+  // weighted), clip, non-finite guard, optimizer step, zero the gradients.
+  StepResult step(const std::vector<TrainBatch>& group);
+  int64_t steps_taken() const { return step_; }
+
+ private:
+  void save_checkpoint(int64_t epoch, int64_t next_batch, double loss_sum, int64_t tokens);
+  struct Position {
+    int64_t epoch = 1, batch = 0, tokens = 0;
+    double loss_sum = 0;
+  };
+  Position load_checkpoint(FitResult& result);
+  void end_of_epoch(int64_t epoch, const EpochRecord& record, FitResult& result);
+  void average_epochs(FitResult& result);
+  void log_step(int64_t epoch, const StepResult& r);
+  Metrics run_evaluation(int64_t epoch);
+
+  nn::Module& model_;
+  optim::Optimizer& optimizer_;
+  const optim::Schedule* schedule_;
+  TrainerOptions o_;
+  int64_t step_ = 0;
+};
+
+// The element-wise mean of the parameters in `paths` (safetensors files of one model), as the
+// paper averages its last checkpoints. Throws naming the file whose tensors do not match.
+std::map<std::string, Tensor> average_checkpoints(const std::vector<std::string>& paths);
+
+// "1:02:03" or "2:03".
+std::string clock_text(double seconds);
+
+}  // namespace tapestry::apps

@@ -1,0 +1,26 @@
+// The `tapestry` command line: main.cpp parses and dispatches; each subcommand lives in its own
+// file (train.cpp, bench.cpp, bleu.cpp, translate.cpp, attention.cpp) as one add_* function that
+// registers its flags on the app and returns what runs it once the flags are parsed.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <functional>
+
+namespace tapestry::tools {
+
+// Runs a parsed subcommand; returns the process's exit status.
+using Command = std::function<int()>;
+
+Command add_train(CLI::App& app);
+Command add_bench(CLI::App& app);
+Command add_bleu(CLI::App& app);
+Command add_translate(CLI::App& app);
+Command add_attention(CLI::App& app);
+
+// A positive integer flag (CLI11's PositiveNumber prints the whole range of a double).
+const CLI::Validator& positive();
+// A real-valued flag: finite, above lo (or at it unless lo_strict), below hi. CLI11's range
+// checks let "nan" through (every comparison with NaN is false).
+CLI::Validator real_flag(double lo, bool lo_strict, double hi = INFINITY);
+
+}  // namespace tapestry::tools

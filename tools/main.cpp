@@ -1,0 +1,91 @@
+// `tapestry`: parses the command line and runs one subcommand. Bad flags print one clear line
+// and exit non-zero; so does any error while a subcommand runs (never an abort).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tapestry/tapestry.h"
+#include "tools/cli.h"
+#include "tools/config_file.h"
+
+using namespace tapestry;
+
+namespace tapestry::tools {
+
+const CLI::Validator& positive() {
+  static const CLI::Validator v(
+      [](std::string& value) {
+        try {
+          size_t used = 0;
+          if (std::stoll(value, &used) > 0 && used == value.size()) return std::string();
+        } catch (const std::exception&) {
+        }
+        return "must be a positive integer, got '" + value + "'";
+      },
+      "POSITIVE");
+  return v;
+}
+
+CLI::Validator real_flag(double lo, bool lo_strict, double hi) {
+  const std::string range =
+      std::isinf(hi) ? fmt::format("{} {}", lo_strict ? ">" : ">=", lo) : fmt::format("in [{}, {})", lo, hi);
+  return CLI::Validator(
+      [=](std::string& value) {
+        try {
+          size_t used = 0;
+          double v = std::stod(value, &used);
+          if (used == value.size() && std::isfinite(v) && (lo_strict ? v > lo : v >= lo) && v < hi) return std::string();
+        } catch (const std::exception&) {
+        }
+        return fmt::format("must be a number {}, got '{}'", range, value);
+      },
+      range);
+}
+
+}  // namespace tapestry::tools
+
+int main(int argc, char** argv) {
+  CLI::App app{"tapestry: a C++ autograd engine and Transformer model zoo"};
+  app.set_version_flag("--version", std::string("tapestry ") + kVersion);
+  app.require_subcommand(0, 1);
+  const std::vector<std::pair<const char*, tools::Command>> added = {
+      {"train", tools::add_train(app)},         {"bench", tools::add_bench(app)},
+      {"bleu", tools::add_bleu(app)},           {"translate", tools::add_translate(app)},
+      {"attention", tools::add_attention(app)}};
+  std::vector<std::pair<CLI::App*, tools::Command>> commands;
+  for (const auto& [name, run] : added) commands.emplace_back(app.get_subcommand(name), run);
+
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 takes the arguments reversed
+    // A subcommand's --config-file: its `flag = value` lines go first, so the command line wins.
+    for (auto& [sub, run] : commands) {
+      const CLI::Option* file = sub->get_option_no_throw("--config-file");
+      if (!*sub || !file || file->count() == 0) continue;
+      auto from_file = config_file_args(file->as<std::string>(), sub);
+      args.insert(std::find(args.begin(), args.end(), sub->get_name()) + 1, from_file.begin(), from_file.end());
+      app.parse(std::vector<std::string>(args.rbegin(), args.rend()));
+    }
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "tapestry: %s\n", e.what());
+    return 1;
+  }
+  try {
+    for (auto& [sub, run] : commands)
+      if (*sub) return run();
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "tapestry: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "tapestry: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {  // a library's own exception: still one line, never an abort
+    std::fprintf(stderr, "tapestry: %s\n", e.what());
+    return 1;
+  }
+}

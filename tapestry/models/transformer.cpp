@@ -104,7 +104,7 @@ Transformer::Transformer(const TransformerConfig& c) : config(c) {
   }
   generator = std::make_shared<nn::Linear>(c.d_model, c.tgt_vocab, false);
   // Tied: one tensor under three names; state_dict() lists it once, as src_embed.weight.
-  if (c.share_embeddings) generator->weight = generator->replace_parameter("weight", tgt_embed->weight);
+  if (c.share_embeddings) generator->tie_parameter("weight", tgt_embed->weight);
   generator = register_module("generator", generator);
 
   for (auto& [name, p] : named_parameters())

@@ -8,8 +8,8 @@ namespace tapestry::nn {
 Linear::Linear(int64_t in, int64_t out, bool with_bias) {
   TP_CHECK(in > 0 && out > 0, "Linear: features must be positive, got in={} out={}", in, out);
   double bound = 1.0 / std::sqrt(static_cast<double>(in));
-  weight = register_parameter("weight", empty({out, in}).uniform_(-bound, bound));
-  if (with_bias) bias = register_parameter("bias", empty({out}).uniform_(-bound, bound));
+  register_parameter("weight", weight, empty({out, in}).uniform_(-bound, bound));
+  if (with_bias) register_parameter("bias", bias, empty({out}).uniform_(-bound, bound));
 }
 
 Tensor Linear::forward(const Tensor& x) const {
@@ -23,14 +23,14 @@ Embedding::Embedding(int64_t num, int64_t dim, int64_t padding_idx_) : padding_i
            "Embedding: padding_idx {} is out of range for {} embeddings (-1 for none)", padding_idx, num);
   Tensor w = randn({num, dim});
   if (padding_idx >= 0) w.select(0, padding_idx).zero_();
-  weight = register_parameter("weight", w);
+  register_parameter("weight", weight, w);
 }
 
 Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids, padding_idx); }
 
 LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
-  weight = register_parameter("weight", ones({dim}));
-  bias = register_parameter("bias", zeros({dim}));
+  register_parameter("weight", weight, ones({dim}));
+  register_parameter("bias", bias, zeros({dim}));
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, {weight.size(0)}, weight, bias, eps); }
@@ -62,13 +62,28 @@ Tensor MultiHeadAttention::split_heads(const Tensor& x) const {
   return x.view({x.size(0), x.size(1), heads, d_k}).transpose(1, 2);
 }
 
+// The mask must be Bool (true = masked out) and broadcast to the scores [B, H, Tq, Tk]; a wrong
+// one is named here, with the layer, rather than deep inside masked_fill.
+void MultiHeadAttention::check_mask(const Tensor& mask, int64_t batch, int64_t tq, int64_t tk) const {
+  TP_CHECK(mask.dtype() == DType::Bool, "{}: the mask must be Bool (true = masked out), got {} {}; for an additive "
+           "float mask use mask != 0 or a comparison", describe("MultiHeadAttention"), mask.dtype(), mask.sizes());
+  const Shape want = {batch, heads, tq, tk};
+  bool fits = mask.dim() <= 4;
+  for (int64_t i = 1; fits && i <= mask.dim(); ++i) {
+    const int64_t m = mask.size(mask.dim() - i), w = want[static_cast<size_t>(4 - i)];
+    fits = m == w || m == 1;
+  }
+  TP_CHECK(fits, "{}: the mask {} does not broadcast to the attention scores [B, H, Tq, Tk] = {}",
+           describe("MultiHeadAttention"), mask.sizes(), want);
+}
+
 Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& mask,
                                    KVCache* cache, bool static_kv) {
   TP_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3 && query.size(2) == d_model &&
                key.size(2) == d_model && value.size(2) == d_model && key.size(1) == value.size(1) &&
                query.size(0) == key.size(0) && key.size(0) == value.size(0),
-           "MultiHeadAttention: expected query [B, Tq, {}] and key/value [B, Tk, {}], got {}, {}, {}", d_model,
-           d_model, query.sizes(), key.sizes(), value.sizes());
+           "{}: expected query [B, Tq, {}] and key/value [B, Tk, {}], got {}, {}, {}", describe("MultiHeadAttention"),
+           d_model, d_model, query.sizes(), key.sizes(), value.sizes());
   Tensor q = split_heads(w_q->forward(query));  // [B, H, Tq, K]
   Tensor k, v;                                  // [B, H, Tk, K]
   if (cache && static_kv && cache->k.defined()) {
@@ -86,6 +101,7 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const
       cache->v = v;
     }
   }
+  if (mask.defined()) check_mask(mask, q.size(0), q.size(2), k.size(2));
   Tensor scores = matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(d_k)));  // [B, H, Tq, Tk]
   // -1e9 rather than -inf: a fully masked row then gives uniform weights, not NaN.
   if (mask.defined()) scores = masked_fill(scores, mask, -1e9);

@@ -97,6 +97,7 @@ class MultiHeadAttention : public Module {
 
  private:
   Tensor split_heads(const Tensor& x) const;  // [B, T, D] -> [B, H, T, K], a view
+  void check_mask(const Tensor& mask, int64_t batch, int64_t tq, int64_t tk) const;
 };
 
 // FFN(x) = W_2 dropout(relu(W_1 x + b_1)) + b_2

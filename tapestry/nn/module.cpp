@@ -11,8 +11,8 @@ void Module::check_name(const char* what, const std::string& name) const {
   TP_CHECK(!name.empty() && name.find('.') == std::string::npos,
            "Module::{}: name '{}' must be non-empty and contain no '.'", what, name);
   bool taken = false;
-  for (auto& [n, t] : params_) taken = taken || n == name;
-  for (auto& [n, t] : buffers_) taken = taken || n == name;
+  for (auto& e : params_) taken = taken || e.name == name;
+  for (auto& e : buffers_) taken = taken || e.name == name;
   for (auto& [n, m] : children_) taken = taken || n == name;
   TP_CHECK(!taken, "Module::{}: '{}' is already registered", what, name);
 }
@@ -20,22 +20,70 @@ void Module::check_name(const char* what, const std::string& name) const {
 Tensor Module::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
   check_name("register_parameter", name);
   if (requires_grad && !value.requires_grad()) value = value.detach().requires_grad_();
-  params_.emplace_back(name, value);
+  params_.push_back({name, value, nullptr});
   return value;
 }
 
-Tensor Module::replace_parameter(const std::string& name, Tensor value) {
-  for (auto& [n, t] : params_)
-    if (n == name) {
-      t = value;
-      return value;
-    }
-  throw Error(fmt::format("Module::replace_parameter: no parameter named '{}'", name));
+Tensor& Module::register_parameter(const std::string& name, Tensor& member, Tensor value, bool requires_grad) {
+  member = register_parameter(name, std::move(value), requires_grad);
+  params_.back().member = &member;
+  return member;
 }
+
+void Module::tie_parameter(const std::string& name, const Tensor& shared) {
+  for (auto& e : params_) {
+    if (e.name != name) continue;
+    TP_CHECK(e.member, "{}: tie_parameter('{}'): the parameter was registered without its member, so the module "
+             "would go on computing with its old tensor; register it with register_parameter(name, member, value)",
+             describe("Module"), name);
+    TP_CHECK(shared.defined() && shared.sizes() == e.value.sizes() && shared.dtype() == e.value.dtype(),
+             "{}: tie_parameter('{}'): the parameter is {} {}, the shared tensor {}", describe("Module"), name,
+             e.value.dtype(), e.value.sizes(),
+             shared.defined() ? fmt::format("{} {}", shared.dtype(), shared.sizes()) : std::string("undefined"));
+    TP_CHECK(shared.requires_grad() && shared.is_leaf(), "{}: tie_parameter('{}'): the shared tensor must be a "
+             "parameter (a leaf that requires grad)", describe("Module"), name);
+    e.value = shared;
+    *e.member = shared;
+    return;
+  }
+  throw Error(fmt::format("{}: tie_parameter: no parameter named '{}'", describe("Module"), name));
+}
+
+std::string Module::describe(const char* type) const {
+  return path_.empty() ? std::string(type) : fmt::format("{} '{}'", type, path_);
+}
+
+// A module registered twice (a shared embedding) keeps the path of its first registration.
+void Module::set_path(const std::string& path) {
+  path_ = path;
+  std::set<const Module*> seen;
+  for (auto& [n, m] : children_)
+    if (m->parent_ == this && seen.insert(m.get()).second) m->set_path(path + "." + n);
+}
+
+Module& Module::to(DType dtype) {
+  TP_CHECK(is_floating(dtype), "Module::to: {} is not a floating-point dtype", dtype);
+  NoGradGuard no_grad;
+  for (auto& [name, t] : state_dict()) {
+    if (!is_floating(t.dtype()) || t.dtype() == dtype) continue;
+    TP_CHECK(t.is_leaf(), "Module::to: '{}' is not a leaf", name);
+    Tensor converted = t.to(dtype).contiguous();
+    TensorImpl& impl = t.impl();  // in place: every handle to this tensor (ties, members) follows
+    impl.storage = converted.impl().storage;
+    impl.shape = converted.sizes();
+    impl.strides = converted.strides();
+    impl.offset = converted.offset();
+    impl.dtype = dtype;
+    impl.grad.reset();
+    impl.grad_accumulator.reset();
+  }
+  return *this;
+}
+
 
 Tensor Module::register_buffer(const std::string& name, Tensor value) {
   check_name("register_buffer", name);
-  buffers_.emplace_back(name, value);
+  buffers_.push_back({name, value, nullptr});
   return value;
 }
 
@@ -43,11 +91,15 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> module) 
   check_name("register_module", name);
   TP_CHECK(module != nullptr, "Module::register_module: '{}' is null", name);
   module->train(training_);
+  if (!module->parent_) {
+    module->parent_ = this;
+    module->set_path(path_.empty() ? name : path_ + "." + name);
+  }
   children_.emplace_back(name, std::move(module));
 }
 
 void Module::collect(const std::string& prefix, bool recurse, bool params, NamedTensors& out) const {
-  for (auto& [n, t] : params ? params_ : buffers_) out.emplace_back(prefix + n, t);
+  for (auto& e : params ? params_ : buffers_) out.emplace_back(prefix + e.name, e.value);
   if (!recurse) return;
   for (auto& [n, m] : children_) m->collect(prefix + n + ".", true, params, out);
 }
@@ -100,7 +152,7 @@ NamedTensors Module::state_dict() const {
   return out;
 }
 
-void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
+LoadResult Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
   NamedTensors mine = state_dict();
   std::vector<std::string> missing, unexpected, mismatched;
   std::set<std::string> names;
@@ -129,12 +181,15 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool st
     auto it = state.find(n);
     if (it != state.end()) Tensor(t).copy_(it->second);
   }
+  return {missing, unexpected};
 }
 
 void Module::save(const std::string& path, const std::map<std::string, std::string>& metadata) const {
   save_safetensors(path, state_dict(), metadata);
 }
 
-void Module::load(const std::string& path, bool strict) { load_state_dict(load_safetensors(path).as_map(), strict); }
+LoadResult Module::load(const std::string& path, bool strict) {
+  return load_state_dict(load_safetensors(path).as_map(), strict);
+}
 
 }  // namespace tapestry::nn

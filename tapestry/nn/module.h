@@ -16,6 +16,12 @@ namespace tapestry::nn {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// What load_state_dict(strict = false) skipped: the model's names the state lacked, and the
+// state's names the model does not have.
+struct LoadResult {
+  std::vector<std::string> missing, unexpected;
+};
+
 class Module {
  public:
   virtual ~Module() = default;
@@ -24,10 +30,17 @@ class Module {
   Module& operator=(const Module&) = delete;
 
   // Parameters require grad and are trained; buffers are state that is saved but not trained.
+  // The first form also binds `member`, the field the module computes with, so that
+  // tie_parameter can rebind it; layers register their parameters this way.
+  Tensor& register_parameter(const std::string& name, Tensor& member, Tensor value, bool requires_grad = true);
   Tensor register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
   Tensor register_buffer(const std::string& name, Tensor value);
-  // Points an already registered parameter at another tensor (weight tying); returns it.
-  Tensor replace_parameter(const std::string& name, Tensor value);
+  // Weight tying: parameter `name` of this module becomes `shared` (same shape and dtype), both
+  // in the registry and in the member the module computes with, so there is one tensor: it gets
+  // the gradients of every use and the optimizer moves it once. state_dict() and parameters()
+  // list it once, under the name registered first. Refuses a parameter registered without its
+  // member (the module would go on computing with its old weight).
+  void tie_parameter(const std::string& name, const Tensor& shared);
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     add_child(name, module);
@@ -40,6 +53,17 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const { return children_; }
   int64_t num_parameters() const;
 
+  // Converts every floating-point parameter and buffer to `dtype` in place: the tensors keep
+  // their identity (ties, optimizer handles and members stay valid), their gradients are
+  // dropped. Module::to(DType::Float64) makes a whole model gradcheckable. Create optimizers
+  // after converting: their moment buffers keep the dtype they were made with.
+  Module& to(DType dtype);
+
+  // The dotted path under which this module is registered in its root ("decoder.0.src_attn"),
+  // empty for a root; errors name a layer by it (describe()).
+  const std::string& path() const { return path_; }
+  std::string describe(const char* type) const;
+
   // train() turns dropout on (the default); eval() turns it off. Applies to every submodule.
   void train(bool on = true);
   void eval() { train(false); }
@@ -51,19 +75,27 @@ class Module {
   NamedTensors state_dict() const;
   // Copies values into this module's tensors (which keep their identity). With strict, every
   // name must match both ways; shapes and dtypes must always match. The error lists every
-  // missing, unexpected and mismatched name.
-  void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
+  // missing, unexpected and mismatched name. Without strict, returns the names it skipped.
+  LoadResult load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
   // Safetensors file; written to a temp file then renamed, so a crash never leaves half a file.
   void save(const std::string& path, const std::map<std::string, std::string>& metadata = {}) const;
-  void load(const std::string& path, bool strict = true);
+  LoadResult load(const std::string& path, bool strict = true);
 
  protected:
   void add_child(const std::string& name, std::shared_ptr<Module> module);
 
  private:
+  struct Entry {
+    std::string name;
+    Tensor value;
+    Tensor* member = nullptr;  // the field the module computes with, when registered with it
+  };
   void collect(const std::string& prefix, bool recurse, bool params, NamedTensors& out) const;
   void check_name(const char* what, const std::string& name) const;  // valid and not yet taken
-  NamedTensors params_, buffers_;
+  void set_path(const std::string& path);
+  std::vector<Entry> params_, buffers_;
+  std::string path_;
+  const Module* parent_ = nullptr;  // the module it was first registered in
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
 };

@@ -1,0 +1,220 @@
+// The Trainer on its own, with a toy task (least squares on y = 2x - 1 + noise, a Linear model):
+// what every task relies on, whatever its model. The translation and copy tasks test it end to
+// end (tests/test_translation.cpp, tests/test_transformer.cpp).
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "apps/train/trainer.h"
+#include "tests/helpers.h"
+
+using namespace tapestry;
+using namespace tapestry::testing;
+
+namespace {
+
+// 40 rows cut into batches of 3, 5, 7, ... rows (varying, so that token weighting matters), in an
+// order that follows from the epoch. A row whose index is in `poison` gives a NaN loss.
+struct ToyData : apps::DataSource {
+  ToyData(nn::Linear& model) : model(model) {
+    Generator g(7);
+    x = randn({40, 1}, {}, &g);
+    y = x * 2.0 - 1.0 + randn({40, 1}, {}, &g) * 0.1;
+  }
+  int64_t plan(int64_t epoch) override {
+    starts.clear();
+    for (int64_t start = 0, size = 3; start < 40; start += size, size += 2) starts.push_back({start, std::min<int64_t>(size, 40 - start)});
+    if (epoch % 2 == 0) std::reverse(starts.begin(), starts.end());
+    return static_cast<int64_t>(starts.size());
+  }
+  apps::TrainBatch batch(int64_t i) override {
+    auto [start, rows] = starts.at(static_cast<size_t>(i));
+    return rows_batch(start, rows);
+  }
+  apps::TrainBatch rows_batch(int64_t start, int64_t rows) {
+    Tensor xs = x.slice(0, start, start + rows), ys = y.slice(0, start, start + rows);
+    bool bad = poison >= start && poison < start + rows;
+    return {rows, [this, xs, ys, bad] {
+              Tensor loss = (model.forward(xs) - ys).pow(2.0).mean();
+              return bad ? loss * std::nan("") : loss;
+            }};
+  }
+  nn::Linear& model;
+  Tensor x, y;
+  std::vector<std::pair<int64_t, int64_t>> starts;
+  int64_t poison = -1;
+};
+
+std::string temp_dir(const char* name) {
+  std::string dir = fmt::format("/tmp/tapestry_test_{}_{}", ::getpid(), name);
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+int64_t lines(const std::string& path) {
+  std::ifstream in(path);
+  return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
+}
+
+}  // namespace
+
+TEST_CASE("Trainer::step: accumulated batches give the gradient of one batch, weighted by tokens") {
+  manual_seed(1);
+  nn::Linear a(1, 1), b(1, 1);
+  b.load_state_dict({{"weight", a.weight.detach()}, {"bias", a.bias.detach()}});
+  ToyData da(a), db(b);
+  optim::SGDOptions so;
+  so.lr = 0.1;
+  optim::SGD sa(a.parameters(), so), sb(b.parameters(), so);
+  apps::TrainerOptions o;
+  o.progress = false;
+  apps::Trainer ta(a, sa, nullptr, o), tb(b, sb, nullptr, o);
+  apps::StepResult one = ta.step({da.rows_batch(0, 8)});
+  apps::StepResult two = tb.step({db.rows_batch(0, 3), db.rows_batch(3, 5)});
+  CHECK(one.tokens == 8);
+  CHECK(two.tokens == 8);
+  CHECK(two.loss == doctest::Approx(one.loss).epsilon(1e-6));
+  CHECK(two.grad_norm == doctest::Approx(one.grad_norm).epsilon(1e-5));
+  check_values(b.weight.detach(), values(a.weight.detach()), 1e-6);
+  check_values(b.bias.detach(), values(a.bias.detach()), 1e-6);
+  CHECK(ta.steps_taken() == 1);
+  CHECK(error_of([&] { ta.step({}); }).find("at least one batch") != std::string::npos);
+}
+
+TEST_CASE("Trainer::fit: epochs, the evaluation hook, the step log, keep, best, averaging and curves") {
+  manual_seed(2);
+  nn::Linear model(1, 1);
+  ToyData data(model);
+  optim::AdamOptions ao;
+  ao.lr = 0.05;
+  optim::Adam adam(model.parameters(), ao);
+  apps::TrainerOptions o;
+  o.epochs = 4, o.accumulate = 2, o.progress = false, o.keep = 2, o.average = 2;
+  o.out_dir = temp_dir("fit");
+  o.step_log = o.out_dir + ".steps.tsv";
+  o.best_metric = "neg_loss";
+  o.recipe = {{"toy", "1"}};
+  o.model_metadata = {{"kind", "linear"}};
+  o.run_files = {{"notes.txt", "toy run\n"}};
+  o.curves_title = "toy";
+  std::filesystem::create_directories(o.out_dir);
+  std::remove(o.step_log.c_str());
+  apps::Trainer trainer(model, adam, nullptr, o);
+  int evaluations = 0;
+  trainer.evaluate = [&](int64_t, int64_t) {
+    ++evaluations;
+    CHECK_FALSE(model.is_training());
+    NoGradGuard no_grad;
+    double mse = (model.forward(data.x) - data.y).pow(2.0).mean().item<double>();
+    return apps::Metrics{{"val_loss", "val loss", mse, 4, "", false}, {"neg_loss", "-val loss", -mse, 4, "", true}};
+  };
+  apps::FitResult r = trainer.fit(data);
+  CHECK(evaluations == 4);
+  REQUIRE(r.epochs.size() == 4);
+  CHECK(r.steps == 4 * 3);  // 40 rows in 6 batches, 2 per step
+  CHECK(lines(o.step_log) == r.steps);
+  CHECK(r.epochs[3].train_loss < r.epochs[0].train_loss);
+  CHECK(apps::metric(r.epochs[3].metrics, "val_loss") < apps::metric(r.epochs[0].metrics, "val_loss"));
+  CHECK(r.best_epoch >= 1);
+  CHECK(r.averaged == 2);
+  for (const char* f : {"checkpoint.safetensors", "model.safetensors", "model.best.safetensors", "model.avg.safetensors",
+                        "model.epoch3.safetensors", "model.epoch4.safetensors", "curves.svg", "notes.txt"}) {
+    INFO(f);
+    CHECK(std::filesystem::exists(o.out_dir + "/" + f));
+  }
+  CHECK_FALSE(std::filesystem::exists(o.out_dir + "/model.epoch2.safetensors"));  // keep = 2
+  auto best = nn::load_safetensors(o.out_dir + "/model.best.safetensors").metadata;
+  CHECK(best.at("kind") == "linear");
+  CHECK(best.at("epoch") == std::to_string(r.best_epoch));
+  CHECK(apps::metric(r.epochs[3].metrics, "neg_loss") == -apps::metric(r.epochs[3].metrics, "val_loss"));
+  CHECK(error_of([&] { apps::metric(r.epochs[0].metrics, "bleu"); }).find("no metric 'bleu'") != std::string::npos);
+  std::filesystem::remove_all(o.out_dir);
+  std::remove(o.step_log.c_str());
+}
+
+TEST_CASE("Trainer::fit: interrupted and resumed, the run ends where an uninterrupted one does, to the bit") {
+  auto run = [](int64_t stop_after, bool resume, const std::string& dir) {
+    manual_seed(3);
+    nn::Linear model(1, 1);
+    ToyData data(model);
+    optim::Adam adam(model.parameters(), optim::AdamOptions{});
+    apps::TrainerOptions o;
+    o.epochs = 3, o.progress = false, o.out_dir = dir, o.stop_after = stop_after, o.resume = resume;
+    o.save_every = 4, o.average = 0, o.recipe = {{"rows", "40"}};
+    std::filesystem::create_directories(dir);
+    apps::Trainer trainer(model, adam, nullptr, o);
+    apps::FitResult r = trainer.fit(data);
+    return std::make_pair(r, values(model.weight.detach()));
+  };
+  const std::string straight_dir = temp_dir("straight"), dir = temp_dir("resumed");
+  auto [straight, w_straight] = run(0, false, straight_dir);
+  auto [first, w_first] = run(9, false, dir);  // mid-epoch 2 (6 steps per epoch)
+  CHECK(first.stopped);
+  auto [resumed, w_resumed] = run(0, true, dir);
+  CHECK(w_resumed == w_straight);  // exactly
+  REQUIRE(resumed.epochs.size() == 2);
+  CHECK(resumed.epochs[1].train_loss == straight.epochs[2].train_loss);
+  CHECK(resumed.epochs[0].train_loss == straight.epochs[1].train_loss);  // the epoch's loss carried over
+  // Resume refuses a checkpoint of another recipe.
+  manual_seed(3);
+  nn::Linear model(1, 1);
+  ToyData data(model);
+  optim::Adam adam(model.parameters(), optim::AdamOptions{});
+  apps::TrainerOptions o;
+  o.progress = false, o.out_dir = dir, o.resume = true, o.recipe = {{"rows", "80"}};
+  apps::Trainer trainer(model, adam, nullptr, o);
+  CHECK(error_of([&] { trainer.fit(data); }).find("was trained with rows = 40, but this run has rows = 80") !=
+        std::string::npos);
+  std::filesystem::remove_all(straight_dir);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Trainer::fit: should_stop ends early; a non-finite loss stops, or is skipped with on_nan = skip") {
+  manual_seed(4);
+  nn::Linear model(1, 1);
+  ToyData data(model);
+  optim::SGDOptions so;
+  so.lr = 0.05;
+  optim::SGD sgd(model.parameters(), so);
+  apps::TrainerOptions o;
+  o.epochs = 50, o.progress = false, o.eval_every = 2;
+  apps::Trainer trainer(model, sgd, nullptr, o);
+  trainer.evaluate = [&](int64_t, int64_t step) { return apps::Metrics{{"step", "step", double(step), 0}}; };
+  trainer.should_stop = [](const apps::Metrics& m) { return apps::metric(m, "step") >= 5; };
+  apps::FitResult r = trainer.fit(data);
+  CHECK(r.finished_early);
+  CHECK(r.steps == 6);  // evaluated every 2 steps: 2, 4, 6
+
+  data.poison = 0;  // the batch holding row 0 gives NaN
+  o.epochs = 1, o.eval_every = 0;
+  apps::Trainer stops(model, sgd, nullptr, o);
+  CHECK(error_of([&] { stops.fit(data); }).find("a non-finite loss") != std::string::npos);
+  o.on_nan = "skip";
+  apps::Trainer skips(model, sgd, nullptr, o);
+  Tensor before = model.weight.detach().clone();
+  apps::FitResult s = skips.fit(data);
+  CHECK(s.skipped_steps == 1);
+  CHECK(s.steps == 5);
+  CHECK(std::isfinite(values(model.weight.detach())[0]));
+  CHECK(values(model.weight.detach()) != values(before));
+}
+
+TEST_CASE("TrainerOptions are checked") {
+  nn::Linear model(1, 1);
+  optim::SGD sgd(model.parameters(), optim::SGDOptions{});
+  auto error_with = [&](auto change) {
+    apps::TrainerOptions o;
+    change(o);
+    return error_of([&] { apps::Trainer t(model, sgd, nullptr, o); });
+  };
+  CHECK(error_with([](auto& o) { o.accumulate = 0; }).find("--accumulate must be at least 1") != std::string::npos);
+  CHECK(error_with([](auto& o) { o.clip_norm = -1; }).find("--clip-norm must be >= 0") != std::string::npos);
+  CHECK(error_with([](auto& o) { o.on_nan = "maybe"; }).find("--on-nan must be stop or skip") != std::string::npos);
+  CHECK(error_with([](auto& o) { o.epochs = 0; }).find("--epochs must be at least 1") != std::string::npos);
+  apps::TrainerOptions o;
+  o.save_every = 5;  // without a run folder
+  apps::Trainer t(model, sgd, nullptr, o);
+  ToyData data(model);
+  CHECK(error_of([&] { t.fit(data); }).find("need a run folder") != std::string::npos);
+}

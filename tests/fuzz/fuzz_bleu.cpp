@@ -1,4 +1,4 @@
-// libFuzzer target: sacreBLEU-compatible BLEU (models/bleu.h).
+// libFuzzer target: sacreBLEU-compatible BLEU (apps/eval/bleu.h).
 // The input is split at its first 0 byte into reference text and hypothesis text (no 0 byte: the
 // hypothesis text is empty), each split into lines as read_lines does ('\n', a trailing '\r'
 // dropped, a last unterminated line kept). Every line goes through tokenize_13a; corpus_bleu

@@ -1,6 +1,6 @@
 // libFuzzer target: the `train --config-file` reader, config_file_args (tools/config_file.h),
 // which turns a TOML file of `flag = value` lines into command-line arguments.
-// The bytes are written to a file and read. Today's reader (moved out of tools/tapestry_main.cpp)
+// The bytes are written to a file and read. Today's reader (tools/config_file.cpp, shared with the command line)
 // throws tapestry::Error for everything it refuses: a missing file, an unknown key, a key in a
 // section, a nested config-file, and CLI11's own file errors, which it catches (CLI::Error) and
 // rethrows as tapestry::Error. So tapestry::Error is the one expected exception; any other

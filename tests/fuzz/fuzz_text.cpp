@@ -1,4 +1,4 @@
-// libFuzzer target: the corpus reader read_lines (models/text.h).
+// libFuzzer target: the corpus reader read_lines (apps/data/text.h).
 // The first input byte picks the mode; the rest is the text:
 //   even: the text is written as a plain file and read with read_lines(path);
 //   odd:  the text is gzip-compressed with zlib's gzwrite (level from the byte's upper bits) into

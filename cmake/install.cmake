@@ -3,8 +3,9 @@
 # pkg-config. Both are relocatable: they find the prefix from where they are installed.
 include(CMakePackageConfigHelpers)
 
+# ops/cpu/ holds the kernels' internal loops (OpenMP pragmas): no public header includes it.
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/tapestry/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tapestry
-        FILES_MATCHING PATTERN "*.h")
+        FILES_MATCHING PATTERN "*.h" PATTERN "cpu" EXCLUDE)
 install(FILES ${PROJECT_BINARY_DIR}/include/tapestry/version.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tapestry)
 install(TARGETS tapestry EXPORT tapestryTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

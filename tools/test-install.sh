@@ -18,6 +18,7 @@ for f in include/tapestry/tapestry.h include/tapestry/version.h include/tapestry
          lib/cmake/tapestry/tapestryConfig.cmake lib/cmake/tapestry/tapestryConfigVersion.cmake lib/pkgconfig/tapestry.pc; do
   [[ -f $tmp/prefix/$f ]] || { echo "FAIL: the install has no $f"; exit 1; }
 done
+[[ ! -e $tmp/prefix/include/tapestry/ops/cpu ]] || { echo "FAIL: the kernels' internal headers were installed"; exit 1; }
 if grep -rn -e '-march' -e '-Wall' -e 'fsanitize' "$tmp/prefix/lib/cmake/tapestry" "$tmp/prefix/lib/pkgconfig"; then
   echo "FAIL: the installed package passes our private compile flags on to consumers"; exit 1
 fi

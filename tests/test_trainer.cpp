@@ -180,7 +180,7 @@ TEST_CASE("Trainer::fit: should_stop ends early; a non-finite loss stops, or is 
   apps::TrainerOptions o;
   o.epochs = 50, o.progress = false, o.eval_every = 2;
   apps::Trainer trainer(model, sgd, nullptr, o);
-  trainer.evaluate = [&](int64_t, int64_t step) { return apps::Metrics{{"step", "step", double(step), 0}}; };
+  trainer.evaluate = [&](int64_t, int64_t step) { return apps::Metrics{{"step", "step", double(step), 0, "", false}}; };
   trainer.should_stop = [](const apps::Metrics& m) { return apps::metric(m, "step") >= 5; };
   apps::FitResult r = trainer.fit(data);
   CHECK(r.finished_early);

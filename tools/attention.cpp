@@ -9,7 +9,7 @@
 
 namespace tapestry::tools {
 
-Command add_attention(CLI::App& app) {
+Subcommand add_attention(CLI::App& app) {
   struct Flags {
     std::string dir, sentence, target, out = "attention.html", weights;
     std::vector<int64_t> layers;
@@ -22,14 +22,14 @@ Command add_attention(CLI::App& app) {
   attention->add_option("--layers", f->layers, "layer indices to draw (default: all)")->check(CLI::NonNegativeNumber);
   attention->add_option("--out", f->out, "the HTML file to write")->capture_default_str();
   attention->add_option("--weights", f->weights, "weights file in the checkpoint directory (as for translate)");
-  return [f] {
+  return {attention, [f] {
     auto translator = apps::load_translator(f->dir, f->weights);
     auto maps = apps::attention_maps(translator, f->sentence, f->target, f->layers);
     apps::write_attention_html(f->out, maps);
     std::printf("source:      %s\ntranslation: %s\nwrote %zu maps (every head of each) to %s\n", maps.source.c_str(),
                 maps.translation.c_str(), maps.maps.size(), f->out.c_str());
     return 0;
-  };
+  }};
 }
 
 }  // namespace tapestry::tools

@@ -194,7 +194,7 @@ int run_bench(const BenchOptions& o) {
 
 namespace tapestry::tools {
 
-Command add_bench(CLI::App& app) {
+Subcommand add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   auto* bench = app.add_subcommand("bench", "time a named workload (see docs/benchmarks.md)");
   bench->add_option("--workload", o->workload, "copy, small or base")
@@ -206,7 +206,7 @@ Command add_bench(CLI::App& app) {
   bench->add_flag("--json", o->json, "one JSON object on one line");
   bench->add_flag("--profile", o->profile, "also print per-op times of the train step");
   bench->add_flag("--peak", o->peak, "measure the machine's fp32 FMA peak instead");
-  return [o] { return run_bench(*o); };
+  return {bench, [o] { return run_bench(*o); }};
 }
 
 }  // namespace tapestry::tools

@@ -9,7 +9,7 @@
 
 namespace tapestry::tools {
 
-Command add_bleu(CLI::App& app) {
+Subcommand add_bleu(CLI::App& app) {
   struct Flags {
     std::string ref_path, hyp_path;
   };
@@ -17,13 +17,13 @@ Command add_bleu(CLI::App& app) {
   auto* bleu = app.add_subcommand("bleu", "corpus BLEU of hypotheses against references, as sacreBLEU's default");
   bleu->add_option("--ref", f->ref_path, "reference file (plain or .gz), one sentence per line")->required();
   bleu->add_option("--hyp", f->hyp_path, "hypothesis file (default: standard input)");
-  return [f] {
+  return {bleu, [f] {
     auto refs = apps::read_lines(f->ref_path);
     auto hyps = f->hyp_path.empty() ? apps::read_lines(std::cin, "<stdin>") : apps::read_lines(f->hyp_path);
     auto score = apps::corpus_bleu(hyps, refs);
     std::printf("%s\n%s\n", score.format().c_str(), apps::BleuScore::signature().c_str());
     return 0;
-  };
+  }};
 }
 
 }  // namespace tapestry::tools

@@ -8,14 +8,17 @@
 
 namespace tapestry::tools {
 
-// Runs a parsed subcommand; returns the process's exit status.
-using Command = std::function<int()>;
+// A registered subcommand and what runs it once parsed (returning the process's exit status).
+struct Subcommand {
+  CLI::App* app;
+  std::function<int()> run;
+};
 
-Command add_train(CLI::App& app);
-Command add_bench(CLI::App& app);
-Command add_bleu(CLI::App& app);
-Command add_translate(CLI::App& app);
-Command add_attention(CLI::App& app);
+Subcommand add_train(CLI::App& app);
+Subcommand add_bench(CLI::App& app);
+Subcommand add_bleu(CLI::App& app);
+Subcommand add_translate(CLI::App& app);
+Subcommand add_attention(CLI::App& app);
 
 // A positive integer flag (CLI11's PositiveNumber prints the whole range of a double).
 const CLI::Validator& positive();

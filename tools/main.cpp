@@ -49,18 +49,14 @@ int main(int argc, char** argv) {
   CLI::App app{"tapestry: a C++ autograd engine and Transformer model zoo"};
   app.set_version_flag("--version", std::string("tapestry ") + kVersion);
   app.require_subcommand(0, 1);
-  const std::vector<std::pair<const char*, tools::Command>> added = {
-      {"train", tools::add_train(app)},         {"bench", tools::add_bench(app)},
-      {"bleu", tools::add_bleu(app)},           {"translate", tools::add_translate(app)},
-      {"attention", tools::add_attention(app)}};
-  std::vector<std::pair<CLI::App*, tools::Command>> commands;
-  for (const auto& [name, run] : added) commands.emplace_back(app.get_subcommand(name), run);
+  const std::vector<tools::Subcommand> commands = {tools::add_train(app), tools::add_bench(app), tools::add_bleu(app),
+                                                  tools::add_translate(app), tools::add_attention(app)};
 
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
     app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 takes the arguments reversed
     // A subcommand's --config-file: its `flag = value` lines go first, so the command line wins.
-    for (auto& [sub, run] : commands) {
+    for (const auto& [sub, run] : commands) {
       const CLI::Option* file = sub->get_option_no_throw("--config-file");
       if (!*sub || !file || file->count() == 0) continue;
       auto from_file = config_file_args(file->as<std::string>(), sub);
@@ -74,7 +70,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    for (auto& [sub, run] : commands)
+    for (const auto& [sub, run] : commands)
       if (*sub) return run();
     std::printf("%s", app.help().c_str());
     return 0;

@@ -83,7 +83,7 @@ int run_train(TrainFlags& f) {
 
 }  // namespace
 
-Command add_train(CLI::App& app) {
+Subcommand add_train(CLI::App& app) {
   auto f = std::make_shared<TrainFlags>();
   auto* train = f->cmd = app.add_subcommand("train", "train a model");
   // Repeated flags take the last value: a config file's options go first, so the command line wins.
@@ -152,7 +152,7 @@ Command add_train(CLI::App& app) {
       ->capture_default_str();
   m->add_flag("--quick", f->quick, "the quick recipe: shows learning in under 10 minutes (see README)");
   m->add_flag("--print-config", f->print_config, "print the options as TOML and exit");
-  return [f] { return run_train(*f); };
+  return {train, [f] { return run_train(*f); }};
 }
 
 }  // namespace tapestry::tools

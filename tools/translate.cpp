@@ -10,7 +10,7 @@
 
 namespace tapestry::tools {
 
-Command add_translate(CLI::App& app) {
+Subcommand add_translate(CLI::App& app) {
   struct Flags {
     std::string dir, input, weights;
     int64_t beam = 4;
@@ -27,7 +27,7 @@ Command add_translate(CLI::App& app) {
   translate->add_option("--weights", f->weights,
                         "weights file in the checkpoint directory (default: model.avg.safetensors if the run averaged, "
                         "else model.safetensors)");
-  return [f] {
+  return {translate, [f] {
     auto lines = f->input.empty() ? apps::read_lines(std::cin, "<stdin>") : apps::read_lines(f->input);
     auto translator = apps::load_translator(f->dir, f->weights);
     std::fprintf(stderr, "translate: %s, %s\n", translator.weights_path.c_str(),
@@ -35,7 +35,7 @@ Command add_translate(CLI::App& app) {
     for (const auto& out : apps::translate(translator, lines, f->greedy ? 1 : f->beam, f->alpha))
       std::printf("%s\n", out.c_str());
     return 0;
-  };
+  }};
 }
 
 }  // namespace tapestry::tools

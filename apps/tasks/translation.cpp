@@ -27,10 +27,6 @@ using namespace models;  // the architectures and their decoding
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 struct Encoded {
   std::vector<std::vector<int64_t>> src, tgt;
 };
@@ -94,11 +90,6 @@ std::vector<std::string> head(const std::vector<std::string>& v, int64_t limit) 
 }
 
 std::string toml_string(const std::string& v) { return "\"" + v + "\""; }  // options_to_toml checks v
-
-bool exists(const std::string& path) {
-  std::error_code ec;
-  return std::filesystem::exists(path, ec);
-}
 
 std::string toml_number(double v) {
   std::string s = fmt::format("{}", v);
@@ -168,17 +159,19 @@ class TranslationData : public DataSource {
 }  // namespace
 
 TranslationResult train_translation(const TranslationOptions& o) {
-  TP_CHECK(o.accumulate >= 1, "train: --accumulate must be at least 1, got {}", o.accumulate);
-  TP_CHECK(std::isfinite(o.clip_norm) && o.clip_norm >= 0, "train: --clip-norm must be >= 0 (0: no clipping), got {}",
-           o.clip_norm);
+  // The Trainer's options first: they are checked before the data are read.
+  TrainerOptions to;
+  to.epochs = o.epochs, to.accumulate = o.accumulate, to.clip_norm = o.clip_norm, to.on_nan = o.on_nan;
+  to.progress = o.progress, to.step_log = o.step_log;
+  to.out_dir = o.out_dir, to.resume = o.resume, to.save_every = o.save_every, to.stop_after = o.stop_after;
+  to.keep = o.keep, to.average = o.average, to.best_metric = "val_bleu";
+  check_options(to);
   TP_CHECK(std::isfinite(o.lr_factor) && o.lr_factor > 0, "train: --lr-factor must be a positive number, got {}",
            o.lr_factor);
   TP_CHECK(std::isfinite(o.alpha) && o.alpha >= 0, "train: --alpha must be a number >= 0, got {}", o.alpha);
   TP_CHECK(o.dropout >= 0 && o.dropout < 1, "train: --dropout must be in [0, 1), got {}", o.dropout);
   TP_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, "train: --label-smoothing must be in [0, 1), got {}",
            o.label_smoothing);
-  TP_CHECK(o.on_nan == "stop" || o.on_nan == "skip", "train: --on-nan must be stop or skip, got '{}'", o.on_nan);
-  TP_CHECK(!(o.resume && o.overwrite), "train: --resume and --overwrite contradict each other; choose one");
   const std::string dir = o.data_dir.empty() ? default_data_dir() : o.data_dir;
   ParallelCorpus train = load_parallel(dir, o.train_split, o.src_lang, o.tgt_lang);
   ParallelCorpus val = load_parallel(dir, o.val_split, o.src_lang, o.tgt_lang);
@@ -195,7 +188,7 @@ TranslationResult train_translation(const TranslationOptions& o) {
   const std::string spm_recipe = fmt::format("vocab_size = {}\nlimit = {}\nseed = {}\ndata = {}\n", o.vocab_size,
                                              o.limit, o.seed, dir);
   bool spm_current = false;
-  if (exists(spm_path) && exists(spm_recipe_path)) {
+  if (file_exists(spm_path) && file_exists(spm_recipe_path)) {
     std::ifstream in(spm_recipe_path);
     std::string recorded((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     spm_current = recorded == spm_recipe;
@@ -236,11 +229,6 @@ TranslationResult train_translation(const TranslationOptions& o) {
   std::fflush(stdout);
   const auto run_start = std::chrono::steady_clock::now();
 
-  TrainerOptions to;
-  to.epochs = o.epochs, to.accumulate = o.accumulate, to.clip_norm = o.clip_norm, to.on_nan = o.on_nan;
-  to.progress = o.progress, to.step_log = o.step_log;
-  to.out_dir = o.out_dir, to.resume = o.resume, to.save_every = o.save_every, to.stop_after = o.stop_after;
-  to.keep = o.keep, to.average = o.average, to.best_metric = "val_bleu";
   // What resume must find unchanged: the model and everything that decides the batch plan.
   to.recipe = {{"config", o.config},          {"pre_norm", o.pre_norm ? "1" : "0"},         {"vocab_size", std::to_string(V)},
                {"max_tokens", std::to_string(o.max_tokens)}, {"accumulate", std::to_string(o.accumulate)},

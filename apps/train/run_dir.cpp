@@ -20,12 +20,12 @@ namespace {
 // The files the Trainer writes into a run folder; epoch copies are matched by prefix.
 const char* const kTrainerFiles[] = {"checkpoint.safetensors", "model.safetensors", "optimizer.safetensors",
                                      "model.best.safetensors", "model.avg.safetensors", "curves.svg"};
+}  // namespace
 
-bool exists(const std::string& path) {
+bool file_exists(const std::string& path) {
   std::error_code ec;
   return std::filesystem::exists(path, ec);
 }
-}  // namespace
 
 RunFolder::RunFolder(const std::string& dir, bool resume, bool overwrite, const std::vector<std::string>& task_files)
     : dir_(dir) {
@@ -40,7 +40,7 @@ RunFolder::RunFolder(const std::string& dir, bool resume, bool overwrite, const 
   std::vector<std::string> files(std::begin(kTrainerFiles), std::end(kTrainerFiles));
   files.insert(files.end(), task_files.begin(), task_files.end());
   bool holds_run = false;
-  for (const auto& f : files) holds_run = holds_run || exists(dir + "/" + f);
+  for (const auto& f : files) holds_run = holds_run || file_exists(dir + "/" + f);
   if (!holds_run || resume) return;
   TP_CHECK(overwrite, "train: {} already holds a run; pass --resume to continue it, or --overwrite to start over "
            "(which deletes its checkpoints)", dir);

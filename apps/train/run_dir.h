@@ -36,6 +36,9 @@ class RunFolder {
   std::unique_ptr<RunLock> lock_;
 };
 
+// True when `path` exists (false on any error, as for a path under a file).
+bool file_exists(const std::string& path);
+
 // Removes DIR's temp files (`*.tmp.PID...`) left by a writer that died mid-write; returns their
 // names. Only safe under the folder's RunLock.
 std::vector<std::string> remove_stale_temp_files(const std::string& dir);

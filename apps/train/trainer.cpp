@@ -35,10 +35,6 @@ namespace tapestry::apps {
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // One line redrawn in place on a terminal; on a pipe, a line each time `done` (batches, moving
 // from `before`) crosses a tenth of the epoch.
 void progress_line(int64_t epoch, int64_t before, int64_t done, int64_t total, int64_t step, double loss, double tok_s,
@@ -71,9 +67,16 @@ template <class T> T meta_number(const std::map<std::string, std::string>& meta,
   throw Error(fmt::format("resume: {}: '{}' is '{}', not a number: the checkpoint is damaged", path, key, it->second));
 }
 
-bool exists(const std::string& path) {
-  std::error_code ec;
-  return std::filesystem::exists(path, ec);
+// ", val loss 4.2730, val BLEU 4.10 (greedy)": the metrics as the progress lines print them.
+std::string metrics_text(const Metrics& metrics) {
+  std::string text;
+  for (const Metric& m : metrics) text += fmt::format(", {} {:.{}f}{}", m.label, m.value, m.decimals, m.note);
+  return text;
+}
+
+std::string non_finite_text(double loss_sum, double grad_norm, int64_t step) {
+  return fmt::format("a non-finite {} ({}) at step {}", std::isfinite(loss_sum) ? "gradient norm" : "loss",
+                     std::isfinite(loss_sum) ? grad_norm : loss_sum, step);
 }
 
 std::map<std::string, std::string> with(std::map<std::string, std::string> meta,
@@ -83,6 +86,10 @@ std::map<std::string, std::string> with(std::map<std::string, std::string> meta,
 }
 
 }  // namespace
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 std::string clock_text(double s) {
   int64_t t = static_cast<int64_t>(s + 0.5);
@@ -95,9 +102,7 @@ double metric(const Metrics& metrics, const std::string& key) {
   throw Error(fmt::format("train: the evaluation reports no metric '{}'", key));
 }
 
-Trainer::Trainer(nn::Module& model, optim::Optimizer& optimizer, const optim::Schedule* schedule,
-                 TrainerOptions options)
-    : model_(model), optimizer_(optimizer), schedule_(schedule), o_(std::move(options)) {
+void check_options(const TrainerOptions& o_) {
   TP_CHECK(o_.accumulate >= 1, "train: --accumulate must be at least 1, got {}", o_.accumulate);
   TP_CHECK(std::isfinite(o_.clip_norm) && o_.clip_norm >= 0, "train: --clip-norm must be >= 0 (0: no clipping), got {}",
            o_.clip_norm);
@@ -105,6 +110,12 @@ Trainer::Trainer(nn::Module& model, optim::Optimizer& optimizer, const optim::Sc
   TP_CHECK(o_.epochs >= 1, "train: --epochs must be at least 1, got {}", o_.epochs);
   TP_CHECK(o_.eval_every >= 0 && o_.save_every >= 0 && o_.keep >= 1 && o_.average >= 0,
            "train: eval_every, save_every and average must be >= 0 and keep >= 1");
+}
+
+Trainer::Trainer(nn::Module& model, optim::Optimizer& optimizer, const optim::Schedule* schedule,
+                 TrainerOptions options)
+    : model_(model), optimizer_(optimizer), schedule_(schedule), o_(std::move(options)) {
+  check_options(o_);
 }
 
 StepResult Trainer::step(const std::vector<TrainBatch>& group) {
@@ -130,15 +141,13 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
   r.grad_norm = o_.clip_norm > 0 ? optim::clip_grad_norm(model_.parameters(), o_.clip_norm)
                                  : optim::grad_norm(model_.parameters());
   if (!std::isfinite(loss_sum) || !std::isfinite(r.grad_norm)) {
-    const std::string what = fmt::format("a non-finite {} ({}) at step {}", std::isfinite(loss_sum) ? "gradient norm" : "loss",
-                                         std::isfinite(loss_sum) ? r.grad_norm : loss_sum, step_);
     optimizer_.zero_grad();
     TP_CHECK(o_.on_nan == "skip", "train: {}; stopped before saving anything, the last checkpoint is intact. Lower "
              "--lr-factor, set --clip-norm, find the op with --detect-anomaly, or skip such steps with --on-nan skip",
-             what);
+             non_finite_text(loss_sum, r.grad_norm, step_));
+    r.skipped = non_finite_text(loss_sum, r.grad_norm, step_);
     --step_;  // the step is not taken: the schedule and the optimizer stay where they were
     r.taken = false;
-    std::fprintf(stderr, "train: skipped %s\n", what.c_str());
     return r;
   }
   optimizer_.step();
@@ -176,8 +185,8 @@ Trainer::Position Trainer::load_checkpoint(FitResult& result) {
   Position at;
   const std::string ckpt_path = o_.out_dir + "/checkpoint.safetensors";
   const std::string model_path = o_.out_dir + "/model.safetensors", opt_path = o_.out_dir + "/optimizer.safetensors";
-  const bool legacy = !exists(ckpt_path) && exists(model_path) && exists(opt_path);
-  if (!exists(ckpt_path) && !legacy) {
+  const bool legacy = !file_exists(ckpt_path) && file_exists(model_path) && file_exists(opt_path);
+  if (!file_exists(ckpt_path) && !legacy) {
     std::printf("resume: no checkpoint in %s yet; starting from the beginning\n", o_.out_dir.c_str());
     return at;
   }
@@ -224,7 +233,7 @@ Trainer::Position Trainer::load_checkpoint(FitResult& result) {
               (long long)at.batch, (long long)step_);
   // The best so far stays the best unless a later epoch beats it.
   const std::string best_path = o_.out_dir + "/model.best.safetensors";
-  if (!o_.best_metric.empty() && exists(best_path)) {
+  if (!o_.best_metric.empty() && file_exists(best_path)) {
     auto best = nn::load_safetensors(best_path).metadata;
     if (best.count(o_.best_metric) && best.count("epoch")) {
       result.best_value = meta_number<double>(best, best_path, o_.best_metric.c_str());
@@ -291,16 +300,13 @@ FitResult Trainer::fit(DataSource& data) {
     stop_signals = std::make_unique<StopSignals>();
     for (const auto& [name, contents] : o_.run_files) nn::write_file_atomic(o_.out_dir + "/" + name, contents);
   }
-  // After a signal: the checkpoint (at this position), a line saying so, and the run returns.
-  auto interrupted = [&](const std::string& when, const std::function<void()>& save) {
-    if (!saving || !StopSignals::pending()) return false;
-    save();
-    std::printf("%strain: %s: stopped after %s with a checkpoint in %s; continue with --resume\n",
-                when.rfind("step", 0) == 0 ? "\n" : "", StopSignals::name(StopSignals::pending()), when.c_str(),
-                o_.out_dir.c_str());
+  // After a signal and its checkpoint: a line saying so; the run then returns.
+  auto report_stop = [&](const std::string& after) {
+    std::printf("train: %s: stopped after %s with a checkpoint in %s; continue with --resume\n",
+                StopSignals::name(StopSignals::pending()), after.c_str(), o_.out_dir.c_str());
     std::fflush(stdout);
     result.interrupted = StopSignals::pending();
-    return true;
+    return result;
   };
   // The curves so far (an interrupted run keeps its picture); epochs before a resume are not in
   // this process, so a resumed run plots from where it resumed.
@@ -336,16 +342,20 @@ FitResult Trainer::fit(DataSource& data) {
       StepResult r = step(group);
       if (!r.taken) {
         ++result.skipped_steps;
-        std::fprintf(stderr, "train: (epoch %lld, batches %lld-%lld; %lld skipped so far)\n", (long long)epoch,
-                     (long long)before + 1, (long long)end, (long long)result.skipped_steps);
+        std::fprintf(stderr, "train: skipped %s (epoch %lld, batches %lld-%lld; %lld skipped so far)\n",
+                     r.skipped.c_str(), (long long)epoch, (long long)before + 1, (long long)end,
+                     (long long)result.skipped_steps);
         continue;
       }
       loss_sum += r.loss_sum;
       tokens += r.tokens;
       result.last_loss = r.loss;
       log_step(epoch, r);
-      if (interrupted(fmt::format("step {}", step_), [&] { save_checkpoint(epoch, i, loss_sum, tokens); }))
-        return result;
+      if (saving && StopSignals::pending()) {
+        save_checkpoint(epoch, i, loss_sum, tokens);
+        std::printf("\n");  // after the progress line
+        return report_stop(fmt::format("step {}", step_));
+      }
       if (o_.save_every > 0 && step_ % o_.save_every == 0 && i < batches) save_checkpoint(epoch, i, loss_sum, tokens);
       if (o_.stop_after > 0 && step_ == o_.stop_after) {  // tests: an interruption right after a checkpoint
         save_checkpoint(epoch, i, loss_sum, tokens);
@@ -361,10 +371,7 @@ FitResult Trainer::fit(DataSource& data) {
       }
       if (o_.eval_every > 0 && step_ % o_.eval_every == 0 && i < batches) {
         result.last_metrics = run_evaluation(epoch);
-        std::string line = fmt::format("step {}: loss {:.4f}", step_, r.loss);
-        for (const Metric& m : result.last_metrics)
-          line += fmt::format(", {} {:.{}f}{}", m.label, m.value, m.decimals, m.note);
-        std::printf("%s\n", line.c_str());
+        std::printf("step %lld: loss %.4f%s\n", (long long)step_, r.loss, metrics_text(result.last_metrics).c_str());
         std::fflush(stdout);
         if (should_stop && should_stop(result.last_metrics)) {
           result.finished_early = true;
@@ -381,9 +388,8 @@ FitResult Trainer::fit(DataSource& data) {
     if (!result.finished_early) result.last_metrics = run_evaluation(epoch);  // else just evaluated
     rec.metrics = result.last_metrics;
     if (saving) end_of_epoch(epoch, rec, result);
-    if (interrupted(fmt::format("epoch {}", epoch), [] {})) return result;  // end_of_epoch saved it
-    std::string line = fmt::format("epoch {}: train loss {:.3f}", epoch, rec.train_loss);
-    for (const Metric& m : rec.metrics) line += fmt::format(", {} {:.{}f}{}", m.label, m.value, m.decimals, m.note);
+    if (saving && StopSignals::pending()) return report_stop(fmt::format("epoch {}", epoch));  // end_of_epoch saved
+    std::string line = fmt::format("epoch {}: train loss {:.3f}{}", epoch, rec.train_loss, metrics_text(rec.metrics));
     line += fmt::format(", {:.0f} s, {:.0f} tok/s, elapsed {}", rec.seconds, rec.tokens_per_s,
                         clock_text(seconds_since(run_start)));
     if (result.skipped_steps) line += fmt::format(", {} steps skipped so far", result.skipped_steps);

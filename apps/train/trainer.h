@@ -6,6 +6,7 @@
 // copies and the best on a metric, averages the last N, resumes exactly (Note [Exact resume])
 // and draws the curves. `tapestry bench` times Trainer::step, the same step training runs.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -85,6 +86,7 @@ struct StepResult {
   int64_t tokens = 0;
   double grad_norm = 0;  // before clipping
   bool taken = true;     // false: skipped for a non-finite loss or gradient (on_nan = "skip")
+  std::string skipped;   // why, when not taken
 };
 
 struct FitResult {
@@ -142,7 +144,12 @@ class Trainer {
 // paper averages its last checkpoints. Throws naming the file whose tensors do not match.
 std::map<std::string, Tensor> average_checkpoints(const std::vector<std::string>& paths);
 
+// Throws naming the first bad option (what the Trainer's constructor checks); tasks call it
+// before their slow set-up so that a bad flag fails at once.
+void check_options(const TrainerOptions& options);
+
 // "1:02:03" or "2:03".
 std::string clock_text(double seconds);
+double seconds_since(std::chrono::steady_clock::time_point start);
 
 }  // namespace tapestry::apps

@@ -377,6 +377,90 @@ SampleFn gather_samples(int64_t dim) {
   };
 }
 
+// sort, argsort and cumsum along `dim`: PyTorch raises only for a dim out of range. With
+// `ties_matter` (sort), inputs whose elements tie (expanded ones included) skip gradcheck: the
+// sort is not differentiable where two elements are equal.
+SampleFn along_dim_samples(int64_t dim, bool ties_matter) {
+  return [dim, ties_matter](Generator& g) {
+    struct Case {
+      std::string desc;
+      Tensor t;
+      bool ties;
+    };
+    std::vector<Case> c = {
+        {"[3, 4]", draw(g, {3, 4}), false},
+        {"[2, 3, 4]", draw(g, {2, 3, 4}), false},
+        {"1-D [5]", draw(g, {5}), false},
+        {"0-d", draw(g, {}), false},
+        {"[1, 4]", draw(g, {1, 4}), false},
+        {"empty [0, 4]", draw(g, {0, 4}), false},
+        {"empty [3, 0]", draw(g, {3, 0}), false},
+        {"transposed [4, 5]", transposed(draw(g, {4, 5})), false},
+        {"transposed [2, 3, 4]", transposed(draw(g, {2, 3, 4})), false},
+        {"strided [3, 4], step 2", strided(draw(g, {3, 4})), false},
+        {"expanded [3, 1] -> [3, 4]", expanded(draw(g, {3, 1}), {3, 4}), true},
+        {"expanded [1, 4] -> [3, 4]", expanded(draw(g, {1, 4}), {3, 4}), true},
+        {"float32 [3, 4]", draw(g, {3, 4}, Dom::Real, kFloat32), false},
+        {"int64 [3, 4] with ties", i64({3, -1, 4, 1, -5, 9, 2, -6, 5, 3, 5, 0}, {3, 4}), true},
+        {"bool [3, 4]", b8({1, 0, 0, 1, 1, 1, 0, 0, 1, 0, 1, 0}, {3, 4}), true},
+        {"ties [3, 4]", f64({1, 3, 3, 2, 2, 2, 0, 0, -1, 5, 5, 5}, {3, 4}), true},
+        {"inf and NaN [3, 4]", f64({1, kInf, 2, 3, kNaN, 4, -kInf, 5, 6, kInf, -kInf, 7}, {3, 4}), true},
+        {"NaNs, signed zeros and infinities [2, 5]",
+         f64({kNaN, 0.0, -0.0, kNaN, 1.0, -kInf, kInf, 0.0, kNaN, -1.0}, {2, 5}), true},
+    };
+    std::vector<Sample> s;
+    for (Case& x : c) {
+      Sample y = flag(x.desc, {x.t}, !dim_ok(dim, x.t.dim()));
+      if (!y.expect_error && !all_finite(x.t)) y.no_gradcheck = "non-finite inputs";
+      else if (!y.expect_error && ties_matter && x.ties)
+        y.no_gradcheck = "equal elements tie: the sort is not differentiable there";
+      s.push_back(std::move(y));
+    }
+    return s;
+  };
+}
+
+// topk(k) along `dim`. No input ties along either dim: PyTorch's CPU topk orders equal values its
+// own way, tapestry's puts the lowest index first (tests/test_sort_ops.cpp checks that). The
+// expanded input repeats along the other dim only. PyTorch raises for a dim out of range, k
+// outside [0, size of the dim] (a 0-d input has size 1) and bool inputs.
+SampleFn topk_samples(int64_t k, int64_t dim) {
+  return [k, dim](Generator& g) {
+    const bool last = wrapped(dim, 2) == 1;
+    std::vector<std::pair<std::string, Tensor>> c = {
+        {"[3, 4]", draw(g, {3, 4})},
+        {"[2, 3, 4]", draw(g, {2, 3, 4})},
+        {"1-D [5]", draw(g, {5})},
+        {"0-d", draw(g, {})},
+        {"[1, 4]", draw(g, {1, 4})},
+        {"[4, 1]", draw(g, {4, 1})},
+        {"empty [0, 4]", draw(g, {0, 4})},
+        {"empty [3, 0]", draw(g, {3, 0})},
+        {"transposed [4, 5]", transposed(draw(g, {4, 5}))},
+        {"transposed [2, 3, 4]", transposed(draw(g, {2, 3, 4}))},
+        {"strided [3, 4], step 2", strided(draw(g, {3, 4}))},
+        {last ? "expanded [1, 4] -> [3, 4]" : "expanded [3, 1] -> [3, 4]",
+         last ? expanded(draw(g, {1, 4}), {3, 4}) : expanded(draw(g, {3, 1}), {3, 4})},
+        {"float32 [3, 4]", draw(g, {3, 4}, Dom::Real, kFloat32)},
+        {"int64 [3, 4]", i64({3, -1, 4, 1, -5, 9, 2, -6, 7, 8, 10, 0}, {3, 4})},
+        {"bool [3, 4]", b8({1, 0, 0, 1, 1, 1, 0, 0, 1, 0, 1, 0}, {3, 4})},
+        {"inf and NaN [3, 4]", f64({1, kInf, 2, 3, kNaN, 4, -kInf, 5, 6, -kInf, kNaN, 7}, {3, 4})},
+    };
+    std::vector<Sample> s;
+    for (auto& [desc, t] : c) {
+      bool e = !dim_ok(dim, t.dim()) || t.dtype() == kBool;
+      if (!e) {
+        const int64_t n = t.dim() == 0 ? 1 : t.size(wrapped(dim, t.dim()));
+        e = k < 0 || k > n;
+      }
+      Sample x = flag(desc, {t}, e);
+      if (!x.expect_error && !all_finite(t)) x.no_gradcheck = "non-finite inputs";
+      s.push_back(std::move(x));
+    }
+    return s;
+  };
+}
+
 // ---------------------------------------------------------------------------------------------
 // The table
 
@@ -1005,6 +1089,63 @@ std::vector<OpInfo> build_table() {
   entry("cross_entropy_empty_batch", "F.cross_entropy(a, b)", one([](X x) { return cross_entropy(x[0], x[1]); }),
         {true, false},
         {[](Generator& g) { return std::vector<Sample>{ok("[0, 5]", {draw(g, {0, 5}), i64({}, {0})})}; }});
+
+  // ---- sorting, scans and triangles. PyTorch's own sort is unstable unless asked (stable=True);
+  // tapestry's always is. topk with sorted=False: PyTorch's order is its own, tapestry's is the
+  // input order, so the expression puts PyTorch's selection in index order.
+  auto tri_samples = shape_samples(rank_lt(2), false);
+  entry("tril", "torch.tril(a)", one([](X x) { return tril(x[0]); }), {true}, {tri_samples});
+  entry("tril_diag1", "torch.tril(a, 1)", one([](X x) { return tril(x[0], 1); }), {true}, {tri_samples});
+  entry("tril_diag-1", "a.tril(-1)", one([](X x) { return tril(x[0], -1); }), {true}, {tri_samples});
+  entry("tril_diag-100", "torch.tril(a, diagonal=-100)", one([](X x) { return tril(x[0], -100); }), {true},
+        {tri_samples});
+  entry("triu", "torch.triu(a)", one([](X x) { return triu(x[0]); }), {true}, {tri_samples});
+  entry("triu_diag2", "torch.triu(a, diagonal=2)", one([](X x) { return triu(x[0], 2); }), {true}, {tri_samples});
+  entry("triu_diag-2", "a.triu(-2)", one([](X x) { return triu(x[0], -2); }), {true}, {tri_samples});
+  entry("triu_diag100", "torch.triu(a, 100)", one([](X x) { return triu(x[0], 100); }), {true}, {tri_samples});
+  entry("cumsum_dim0", "torch.cumsum(a, 0)", one([](X x) { return cumsum(x[0], 0); }), {true},
+        {along_dim_samples(0, false)});
+  entry("cumsum_dim1", "torch.cumsum(a, dim=1)", one([](X x) { return cumsum(x[0], 1); }), {true},
+        {along_dim_samples(1, false)});
+  entry("cumsum_dim-1", "a.cumsum(-1)", one([](X x) { return cumsum(x[0], -1); }), {true},
+        {along_dim_samples(-1, false)});
+  entry("sort", "torch.sort(a, stable=True)", values_indices([](X x) { return sort(x[0]); }), {true},
+        {along_dim_samples(-1, true)});
+  entry("sort_descending", "torch.sort(a, descending=True, stable=True)",
+        values_indices([](X x) { return sort(x[0], -1, true); }), {true}, {along_dim_samples(-1, true)});
+  entry("sort_dim0", "torch.sort(a, dim=0, stable=True)", values_indices([](X x) { return sort(x[0], 0); }), {true},
+        {along_dim_samples(0, true)});
+  entry("sort_dim0_descending", "a.sort(dim=0, descending=True, stable=True)",
+        values_indices([](X x) { return sort(x[0], 0, true); }), {true}, {along_dim_samples(0, true)});
+  entry("sort_dim1", "torch.sort(a, dim=1, stable=True)", values_indices([](X x) { return sort(x[0], 1); }), {true},
+        {along_dim_samples(1, true)});
+  entry("argsort", "torch.argsort(a, stable=True)", one([](X x) { return argsort(x[0]); }), {},
+        {along_dim_samples(-1, true)});
+  entry("argsort_dim0_descending", "torch.argsort(a, dim=0, descending=True, stable=True)",
+        one([](X x) { return argsort(x[0], 0, true); }), {}, {along_dim_samples(0, true)});
+  entry("topk_2", "torch.topk(a, 2)", values_indices([](X x) { return topk(x[0], 2); }), {true},
+        {topk_samples(2, -1)});
+  entry("topk_0", "torch.topk(a, 0)", values_indices([](X x) { return topk(x[0], 0); }), {true},
+        {topk_samples(0, -1)});
+  entry("topk_1", "a.topk(1)", values_indices([](X x) { return topk(x[0], 1); }), {true}, {topk_samples(1, -1)});
+  entry("topk_2_smallest", "torch.topk(a, 2, largest=False)",
+        values_indices([](X x) { return topk(x[0], 2, -1, false); }), {true}, {topk_samples(2, -1)});
+  entry("topk_3_dim0", "torch.topk(a, 3, dim=0)", values_indices([](X x) { return topk(x[0], 3, 0); }), {true},
+        {topk_samples(3, 0)});
+  entry("topk_2_dim0_smallest", "a.topk(2, dim=0, largest=False)",
+        values_indices([](X x) { return topk(x[0], 2, 0, false); }), {true}, {topk_samples(2, 0)});
+  entry("topk_4", "torch.topk(a, 4)", values_indices([](X x) { return topk(x[0], 4); }), {true},
+        {topk_samples(4, -1)});
+  entry("topk_3_unsorted",
+        "(lambda r: (r.values.gather(-1, r.indices.argsort(-1)), r.indices.sort(-1).values))"
+        "(torch.topk(a, 3, sorted=False))",
+        values_indices([](X x) { return topk(x[0], 3, -1, true, false); }), {true}, {topk_samples(3, -1)});
+  entry("topk_2_smallest_unsorted",
+        "(lambda r: (r.values.gather(-1, r.indices.argsort(-1)), r.indices.sort(-1).values))"
+        "(torch.topk(a, 2, largest=False, sorted=False))",
+        values_indices([](X x) { return topk(x[0], 2, -1, false, false); }), {true}, {topk_samples(2, -1)});
+  entry("topk_negative_k", "torch.topk(a, -1)", values_indices([](X x) { return topk(x[0], -1); }), {true},
+        {topk_samples(-1, -1)});
 
   return t;
 }

@@ -19,6 +19,7 @@ Subcommand add_bench(CLI::App& app);
 Subcommand add_bleu(CLI::App& app);
 Subcommand add_translate(CLI::App& app);
 Subcommand add_attention(CLI::App& app);
+Subcommand add_generate(CLI::App& app);
 
 // A positive integer flag (CLI11's PositiveNumber prints the whole range of a double).
 const CLI::Validator& positive();

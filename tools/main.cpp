@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("tapestry ") + kVersion);
   app.require_subcommand(0, 1);
   const std::vector<tools::Subcommand> commands = {tools::add_train(app), tools::add_bench(app), tools::add_bleu(app),
-                                                  tools::add_translate(app), tools::add_attention(app)};
+                                                  tools::add_translate(app), tools::add_attention(app),
+                                                  tools::add_generate(app)};
 
   std::vector<std::string> args(argv + 1, argv + argc);
   try {

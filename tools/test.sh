@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 
 tools/setup.sh
 tools/setup-reference.sh
+tools/get-gpt2-tokenizer.sh  # the GPT-2 tokenizer tests read its vocabulary files
 
 stages="${TAPESTRY_TEST_STAGES:-release sanitize fuzz}"
 [ "${TAPESTRY_SANITIZE:-OFF}" = "ON" ] && stages=sanitize

@@ -110,6 +110,8 @@ void check_options(const TrainerOptions& o_) {
   TP_CHECK(o_.epochs >= 1, "train: --epochs must be at least 1, got {}", o_.epochs);
   TP_CHECK(o_.eval_every >= 0 && o_.save_every >= 0 && o_.keep >= 1 && o_.average >= 0,
            "train: eval_every, save_every and average must be >= 0 and keep >= 1");
+  TP_CHECK(std::isfinite(o_.time_limit) && o_.time_limit >= 0, "train: --time-limit must be >= 0 seconds (0: none), "
+           "got {}", o_.time_limit);
 }
 
 Trainer::Trainer(nn::Module& model, optim::Optimizer& optimizer, const optim::Schedule* schedule,
@@ -369,6 +371,13 @@ FitResult Trainer::fit(DataSource& data) {
                       static_cast<double>(tokens - first_tokens) / el, optimizer_.lr(),
                       el / static_cast<double>(i - first_batch) * static_cast<double>(batches - i), tty);
       }
+      if (o_.time_limit > 0 && seconds_since(run_start) >= o_.time_limit) {
+        result.out_of_time = true;
+        if (o_.progress && tty) std::fprintf(stderr, "\n");
+        std::printf("train: the time limit of %s is reached after step %lld; this epoch ends here\n",
+                    clock_text(o_.time_limit).c_str(), (long long)step_);
+        break;
+      }
       if (o_.eval_every > 0 && step_ % o_.eval_every == 0 && i < batches) {
         result.last_metrics = run_evaluation(epoch);
         std::printf("step %lld: loss %.4f%s\n", (long long)step_, r.loss, metrics_text(result.last_metrics).c_str());
@@ -401,6 +410,7 @@ FitResult Trainer::fit(DataSource& data) {
       result.finished_early = true;
       break;
     }
+    if (result.out_of_time) break;
   }
   result.steps = step_;
   if (saving && !result.finished_early) average_epochs(result);

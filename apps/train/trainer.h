@@ -63,6 +63,8 @@ struct TrainerOptions {
   bool resume = false;          // continue from out_dir's checkpoint, exactly (Note [Exact resume])
   int64_t save_every = 0;       // also checkpoint every N steps (0: at the end of each epoch only)
   int64_t stop_after = 0;       // stop after N steps, right after a checkpoint (tests interruption)
+  double time_limit = 0;        // seconds: end training after the step that reaches it (0: none); the
+                                // epoch then ends there (evaluated, saved) and the run is complete
   int64_t keep = 5;             // keep the last K epoch copies (model.epochE.safetensors)
   int64_t average = 5;          // after the last epoch, average the last N epoch copies into the model
   std::string best_metric;      // keep model.best.safetensors on this metric's highest value ("": none)
@@ -96,6 +98,7 @@ struct FitResult {
   Metrics last_metrics;      // the last evaluation's
   bool stopped = false;      // stop_after cut the run short
   bool finished_early = false;  // the should_stop hook ended training
+  bool out_of_time = false;     // time_limit ended training
   int interrupted = 0;       // the signal (SIGINT/SIGTERM) that stopped the run after a checkpoint, or 0
   int64_t skipped_steps = 0;
   double best_value = 0;

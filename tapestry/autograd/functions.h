@@ -3,6 +3,8 @@
 // together in one place (autograd/ops_*.cpp). Backward rules run with grad mode off, so they
 // may use these same ops freely; double backward is not supported.
 #pragma once
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -30,7 +32,8 @@ Tensor rsqrt(const Tensor& a);
 Tensor pow(const Tensor& a, double exponent);
 Tensor tanh(const Tensor& a);
 Tensor relu(const Tensor& a);
-Tensor gelu(const Tensor& a);  // exact erf form
+// The exact erf form by default; approximate = "tanh" gives GPT-2's tanh form (as torch).
+Tensor gelu(const Tensor& a, const std::string& approximate = "none");
 Tensor sigmoid(const Tensor& a);
 Tensor abs(const Tensor& a);
 Tensor clamp(const Tensor& a, double lo, double hi);
@@ -119,6 +122,42 @@ enum class Reduction { Mean, Sum };
 // ignore_index skipped. Mean divides by the number of counted rows (0 rows give a loss of 0).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0,
                      int64_t ignore_index = -100, Reduction reduction = Reduction::Mean);
+
+// ---- attention (ops_attention.cpp)
+// softmax(scale * q k^T, masked) v as one fused kernel with its own backward, which never holds
+// more than one block of scores: q [..., Tq, E], k [..., Tk, E], v [..., Tk, Ev] -> [..., Tq, Ev],
+// the leading dims (batch, heads) equal. mask: Bool with true = masked out (MultiHeadAttention's
+// convention; PyTorch 2's boolean attn_mask means the opposite), broadcast to [..., Tq, Tk], or
+// undefined. is_causal masks key j > query i (top-left aligned, as PyTorch). A masked score
+// becomes -1e9, so a fully masked row attends evenly rather than giving NaN. scale defaults to
+// 1/sqrt(E). dropout_p drops probabilities (pass 0 in eval), seeded by one draw from gen.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = Tensor(),
+                                    bool is_causal = false, double dropout_p = 0.0,
+                                    std::optional<double> scale = std::nullopt, Generator* gen = nullptr);
+
+// ---- sorting, scans and triangles (ops_sort.cpp)
+// NaN ranks above +inf (last ascending, first descending, the largest for topk), as in PyTorch.
+// The lower / upper triangle of the last two dims (j - i <= diagonal / j - i >= diagonal),
+// zeros elsewhere, batched over leading dims; any dtype; the input must be at least 2-D.
+Tensor tril(const Tensor& a, int64_t diagonal = 0);
+Tensor triu(const Tensor& a, int64_t diagonal = 0);
+// Cumulative sum along dim, as torch.cumsum: int64 and bool give int64; added in order along the
+// dim (float32 in a double accumulator, as PyTorch's CPU kernel). Backward: the reversed cumsum.
+Tensor cumsum(const Tensor& a, int64_t dim);
+// Sorted values and their int64 indices along dim; any dtype. Always stable (equal values keep
+// their input order); stable = false is accepted. Backward scatters the gradient to the indices.
+ValuesIndices sort(const Tensor& a, int64_t dim = -1, bool descending = false, bool stable = true);
+Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false);  // stable
+// The k largest (or smallest) along dim, 0 <= k <= size of dim; not for bool. Equal values give
+// the lowest index first (as a stable sort; PyTorch's CPU topk may order ties differently).
+// sorted = false returns the selected elements in their input (index) order.
+ValuesIndices topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);
+// num_samples int64 category indices drawn per row of probs [V] or [B, V] (float weights:
+// finite, non-negative, each row with a positive sum; they need not sum to 1). Without
+// replacement, no category twice, and num_samples may not exceed a row's nonzero weights.
+// Draws come sequentially from gen (default_generator() when null): the same seed gives the
+// same samples, whatever the thread count. Not differentiable.
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false, Generator* gen = nullptr);
 
 // ---- operators
 Tensor operator+(const Tensor& a, const Tensor& b);

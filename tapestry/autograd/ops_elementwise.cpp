@@ -171,12 +171,16 @@ Tensor relu(const Tensor& a) {
   });
 }
 
-Tensor gelu(const Tensor& a) {
-  Tensor out = kernels::unary("gelu", Unary::Gelu, a);
+Tensor gelu(const Tensor& a, const std::string& approximate) {
+  TP_CHECK(approximate == "none" || approximate == "tanh",
+           "gelu: approximate must be 'none' or 'tanh', got '{}'", approximate);
+  const bool tanh_form = approximate == "tanh";
+  Tensor out = kernels::unary("gelu", tanh_form ? Unary::GeluTanh : Unary::Gelu, a);
   if (!any_requires_grad({a})) return out;
   SavedTensor x(a, "GeluBackward");
-  return record("GeluBackward", out, {a}, [x](const Tensor& g) {
-    return TensorList{mul(g, kernels::unary("gelu_backward", Unary::GeluGrad, x.get()))};
+  return record("GeluBackward", out, {a}, [x, tanh_form](const Tensor& g) {
+    return TensorList{
+        mul(g, kernels::unary("gelu_backward", tanh_form ? Unary::GeluTanhGrad : Unary::GeluGrad, x.get()))};
   });
 }
 

@@ -58,6 +58,8 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_model_, int64_t heads_, double 
   dropout = register_module("dropout", std::make_shared<Dropout>(p));
 }
 
+Tensor causal_mask(int64_t tq, int64_t tk) { return gt(arange(tk).unsqueeze(0), arange(tq).unsqueeze(1)); }
+
 Tensor MultiHeadAttention::split_heads(const Tensor& x) const {
   return x.view({x.size(0), x.size(1), heads, d_k}).transpose(1, 2);
 }
@@ -78,7 +80,7 @@ void MultiHeadAttention::check_mask(const Tensor& mask, int64_t batch, int64_t t
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& mask,
-                                   KVCache* cache, bool static_kv) {
+                                   KVCache* cache, bool static_kv, bool is_causal) {
   TP_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3 && query.size(2) == d_model &&
                key.size(2) == d_model && value.size(2) == d_model && key.size(1) == value.size(1) &&
                query.size(0) == key.size(0) && key.size(0) == value.size(0),
@@ -102,12 +104,21 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const
     }
   }
   if (mask.defined()) check_mask(mask, q.size(0), q.size(2), k.size(2));
-  Tensor scores = matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(d_k)));  // [B, H, Tq, Tk]
-  // -1e9 rather than -inf: a fully masked row then gives uniform weights, not NaN.
-  if (mask.defined()) scores = masked_fill(scores, mask, -1e9);
-  Tensor attn = softmax(scores, -1);
-  if (keep_attention) last_attention = attn.detach();
-  Tensor ctx = matmul(dropout->forward(attn), v);  // [B, H, Tq, K]
+  TP_CHECK(!is_causal || q.size(2) == k.size(2) || q.size(2) == 1,
+           "{}: is_causal needs as many queries as keys (or one query, which sees every key), got Tq {} and Tk {}",
+           describe("MultiHeadAttention"), q.size(2), k.size(2));
+  // One query against a cache sees every key: nothing of it lies in the future.
+  const bool causal = is_causal && q.size(2) > 1;
+  if (keep_attention) {
+    // The fused kernel never forms the weights; recompute them for display, without gradients.
+    NoGradGuard no_grad;
+    Tensor scores = matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(d_k)));
+    if (mask.defined()) scores = masked_fill(scores, mask, -1e9);
+    if (causal) scores = masked_fill(scores, causal_mask(q.size(2), k.size(2)), -1e9);
+    last_attention = softmax(scores, -1);
+  }
+  const double p = is_training() ? dropout->p : 0.0;
+  Tensor ctx = scaled_dot_product_attention(q, k, v, mask, causal, p);  // [B, H, Tq, K]
   ctx = ctx.transpose(1, 2).reshape({query.size(0), query.size(1), d_model});
   return w_o->forward(ctx);
 }

@@ -72,6 +72,9 @@ class Sequential : public Module {
   std::vector<Forward> steps_;
 };
 
+// [tq, tk] Bool, true where key j lies in the future of query i (j > i).
+Tensor causal_mask(int64_t tq, int64_t tk);
+
 // Cached keys and values of one attention layer for incremental decoding: [B, H, T, K].
 struct KVCache {
   Tensor k, v;
@@ -85,8 +88,10 @@ class MultiHeadAttention : public Module {
   // query [B, Tq, D], key/value [B, Tk, D] -> [B, Tq, D]. With a cache: static_kv (the encoder
   // memory of cross-attention) projects key/value once and reuses them; otherwise the new keys
   // and values are appended to the cache, so each decoding step costs one position.
+  // is_causal adds the causal mask (key j > query i masked), without materializing it.
+  // The attention runs through the fused scaled_dot_product_attention.
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& mask = Tensor(),
-                 KVCache* cache = nullptr, bool static_kv = false);
+                 KVCache* cache = nullptr, bool static_kv = false, bool is_causal = false);
   // The attention weights [B, H, Tq, Tk] of the last forward, kept when keep_attention is set.
   bool keep_attention = false;
   Tensor last_attention;

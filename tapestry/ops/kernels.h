@@ -14,7 +14,7 @@ namespace tapestry::kernels {
 
 // ReluBackward: a where b > 0, else 0 (the gradient a of relu given its output b).
 enum class Binary { Add, Sub, Mul, Div, Pow, Maximum, Minimum, ReluBackward, Eq, Ne, Lt, Le, Gt, Ge };
-enum class Unary { Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu, GeluGrad, Sigmoid, Abs, Sign, PowScalar, Clamp };
+enum class Unary { Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu, GeluGrad, GeluTanh, GeluTanhGrad, Sigmoid, Abs, Sign, PowScalar, Clamp };
 enum class Reduce { Sum, Max, Min };
 
 bool is_comparison(Binary kind);
@@ -71,6 +71,21 @@ CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& target, double
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, double smoothing,
                               int64_t ignore_index, double scale);
 
+// Fused attention softmax(scale q k^T + masking) v over leading dims [...] (batch, heads):
+// q [..., Tq, E], k [..., Tk, E], v [..., Tk, Ev] -> out [..., Tq, Ev] and one log-sum-exp per
+// query row [..., Tq]. mask: Bool, true = masked out, broadcast to [..., Tq, Tk], or undefined;
+// is_causal masks key j > query i. Masked scores become -1e9, as MultiHeadAttention's were.
+// Dropout (p > 0) drops probabilities with kernels::dropout's hash of (seed, flat index).
+// No more than one block of scores is held at a time (ops/cpu/attention.cpp).
+struct AttentionOut { Tensor out, lse; };
+AttentionOut scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                          bool is_causal, double scale, double dropout_p, uint64_t seed);
+struct AttentionGrads { Tensor dq, dk, dv; };
+AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                     const Tensor& v, const Tensor& out, const Tensor& lse,
+                                                     const Tensor& mask, bool is_causal, double scale,
+                                                     double dropout_p, uint64_t seed);
+
 // x * mask / (1 - p), the mask drawn per element from a counter-based hash of (seed, index):
 // the same seed gives the same mask (so backward recomputes it instead of storing it), and
 // the result does not depend on the thread count.
@@ -82,5 +97,28 @@ void randint_(const Tensor& dst, int64_t low, int64_t high, std::mt19937_64& eng
 
 // Raises a clear error when a tensor is not on the CPU (until the CUDA backend lands).
 void check_device(const char* op, const Tensor& t);
+
+// ---- sorting, scans and triangles (ops/cpu/sort.cpp)
+// Order: NaN ranks above +inf (last ascending, first descending), as in PyTorch; equal values
+// keep their input order. One thread handles each row, so nothing depends on the thread count.
+
+// The lower (upper = false: j - i <= diagonal) or upper (j - i >= diagonal) triangle of the last
+// two dims, zeros elsewhere, batched over the leading dims; any dtype; at least 2-D. `op` names
+// the caller in errors ("tril", "triu").
+Tensor triangle(const char* op, const Tensor& a, int64_t diagonal, bool upper);
+// Cumulative sum along dim, added in order (from the end when reverse: the backward of cumsum).
+// Int64 and Bool give Int64; float32 accumulates in double, as PyTorch's CPU kernel does.
+Tensor cumsum(const Tensor& a, int64_t dim, bool reverse = false);
+// Values and int64 indices along dim, ascending or descending; any dtype. Always stable (stable
+// = false is accepted: a stable order is one valid order). A 0-d tensor is its own sort.
+std::pair<Tensor, Tensor> sort(const Tensor& a, int64_t dim, bool descending, bool stable);
+// The k largest (or smallest) along dim, 0 <= k <= size of dim; not for Bool. Equal values: the
+// lowest index first. sorted: in rank order; else the selected elements in input (index) order.
+std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest, bool sorted);
+// num_samples int64 category indices per row of probs [V] or [B, V] (float32/float64 weights,
+// finite, non-negative, each row with a positive sum; they need not sum to 1). Without
+// replacement, num_samples may not exceed a row's nonzero weights. One engine() draw per
+// sample, rows in order then samples in order: the same engine state gives the same samples.
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, std::mt19937_64& engine);
 
 }  // namespace tapestry::kernels

@@ -1,7 +1,12 @@
 // Optimizer implementations (see optimizer.h).
 #include "tapestry/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <optional>
+#include <set>
+#include <utility>
 
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/ops/cpu/loops.h"
@@ -9,14 +14,65 @@
 
 namespace tapestry::optim {
 
-Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)), lr_(lr) {
+Optimizer::Optimizer(std::vector<Tensor> params, double lr, double weight_decay)
+    : Optimizer(std::vector<ParamGroup>{ParamGroup{std::move(params), std::nullopt, std::nullopt}}, lr,
+                weight_decay) {}
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups, double lr, double weight_decay) : lr_(lr) {
   TP_CHECK(lr >= 0, "optimizer: learning rate must be non-negative, got {}", lr);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    // A frozen parameter (requires_grad off) is allowed: it never has a gradient, so step skips it.
-    TP_CHECK(params_[i].defined() && params_[i].is_leaf(), "optimizer: parameter {} must be a leaf tensor", i);
-    TP_CHECK(params_[i].is_contiguous(), "optimizer: parameter {} (shape {}) must be contiguous", i,
-             params_[i].sizes());
+  TP_CHECK(weight_decay >= 0, "optimizer: weight_decay must be non-negative, got {}", weight_decay);
+  // Each parameter's tensor -> (its flat index, its group), to refuse one listed twice: it would be
+  // updated twice per step.
+  std::map<const TensorImpl*, std::pair<size_t, size_t>> seen;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    ParamGroup& pg = groups[g];
+    Group gr;
+    gr.begin = params_.size();
+    if (pg.lr) {
+      const double glr = *pg.lr;
+      TP_CHECK(glr >= 0, "optimizer: group {} has lr {}; it must be non-negative", g, glr);
+      if (lr != 0) {
+        gr.lr_ratio = glr / lr;
+      } else {
+        TP_CHECK(glr == 0, "optimizer: group {} has lr {} but the optimizer's lr is 0, so the group's lr ratio "
+                 "(its lr / the optimizer's, which set_lr and schedules scale) is undefined; give the optimizer a "
+                 "non-zero lr, or leave the group's lr unset", g, glr);
+        gr.lr_ratio = 0;  // stays at 0 whatever set_lr is given
+      }
+    }
+    gr.weight_decay = pg.weight_decay.value_or(weight_decay);
+    TP_CHECK(gr.weight_decay >= 0, "optimizer: group {} has weight_decay {}; it must be non-negative", g,
+             gr.weight_decay);
+    for (Tensor& p : pg.params) {
+      const size_t i = params_.size();
+      // A frozen parameter (requires_grad off) is allowed: it never has a gradient, so step skips it.
+      TP_CHECK(p.defined() && p.is_leaf(), "optimizer: parameter {} must be a leaf tensor", i);
+      TP_CHECK(p.is_contiguous(), "optimizer: parameter {} (shape {}) must be contiguous", i, p.sizes());
+      auto [it, fresh] = seen.emplace(p.impl_ptr().get(), std::make_pair(i, g));
+      TP_CHECK(fresh, "optimizer: parameter {} appears in more than one group: it is the same tensor as parameter {} "
+               "(group {} lists it, and group {} already did)", i, it->second.first, g, it->second.second);
+      params_.push_back(std::move(p));
+    }
+    gr.end = params_.size();
+    groups_.push_back(gr);
   }
+}
+
+const Optimizer::Group& Optimizer::group(size_t g) const {
+  TP_CHECK(g < groups_.size(), "optimizer: no parameter group {}; there are {}", g, groups_.size());
+  return groups_[g];
+}
+
+double Optimizer::group_lr(size_t g) const { return lr_ * group(g).lr_ratio; }
+
+double Optimizer::group_lr_ratio(size_t g) const { return group(g).lr_ratio; }
+
+double Optimizer::group_weight_decay(size_t g) const { return group(g).weight_decay; }
+
+std::vector<Tensor> Optimizer::group_params(size_t g) const {
+  const Group& gr = group(g);
+  return std::vector<Tensor>(params_.begin() + static_cast<std::ptrdiff_t>(gr.begin),
+                             params_.begin() + static_cast<std::ptrdiff_t>(gr.end));
 }
 
 void Optimizer::zero_grad() {
@@ -34,118 +90,255 @@ nn::NamedTensors Optimizer::state_dict() const {
   nn::NamedTensors out;
   out.emplace_back("step", scalar_tensor(static_cast<double>(steps_), DType::Int64));
   out.emplace_back("lr", scalar_tensor(lr_, DType::Float64));
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    out.emplace_back(fmt::format("group.{}.lr_ratio", g), scalar_tensor(groups_[g].lr_ratio, DType::Float64));
+    out.emplace_back(fmt::format("group.{}.weight_decay", g), scalar_tensor(groups_[g].weight_decay, DType::Float64));
+    out.emplace_back(fmt::format("group.{}.num_params", g),
+                     scalar_tensor(static_cast<double>(groups_[g].end - groups_[g].begin), DType::Int64));
+  }
   for (auto& [name, buf] : buffers_)
     for (size_t i = 0; i < buf.size(); ++i) out.emplace_back(fmt::format("{}.{}", name, i), buf[i]);
   return out;
 }
 
+namespace {
+
+// A non-negative decimal index ("12"), or nullopt.
+std::optional<size_t> parse_index(const std::string& s) {
+  if (s.empty() || s.size() > 18) return std::nullopt;
+  size_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<size_t>(c - '0');
+  }
+  return v;
+}
+
+// The one value of a one-element entry, or nullopt (and a misfit named) if it has more or none.
+std::optional<double> scalar_entry(const std::string& key, const Tensor& t, std::vector<std::string>& misfits) {
+  if (!t.defined() || t.numel() != 1) {
+    misfits.push_back(fmt::format("'{}' should hold one value but has shape {}", key,
+                                  t.defined() ? t.sizes() : Shape{}));
+    return std::nullopt;
+  }
+  return t.item<double>();
+}
+
+}  // namespace
+
 void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
-  auto get = [&](const std::string& name) {
-    auto it = state.find(name);
-    TP_CHECK(it != state.end(), "optimizer load_state_dict: '{}' is missing from the state", name);
-    return it->second;
+  std::vector<std::string> misfits;
+  auto scalar = [&](const std::string& key) -> std::optional<double> {
+    auto it = state.find(key);
+    if (it == state.end()) {
+      misfits.push_back(fmt::format("'{}' is missing from the state", key));
+      return std::nullopt;
+    }
+    return scalar_entry(key, it->second, misfits);
   };
-  int64_t steps = get("step").item<int64_t>();
-  double lr = get("lr").item<double>();
+  std::optional<double> steps = scalar("step"), base_lr = scalar("lr");
+
+  // Per-group entries: "group.<g>.<field>".
+  struct SavedGroup {
+    std::optional<double> lr_ratio, weight_decay, num_params;
+  };
+  std::map<size_t, SavedGroup> saved_groups;
   std::map<std::string, std::vector<Tensor>> buffers;
+  std::set<std::string> misfit_buffers;  // present but not fitting: named once, not also as missing
   for (auto& [key, t] : state) {
     if (key == "step" || key == "lr") continue;
-    auto dot = key.rfind('.');
-    TP_CHECK(dot != std::string::npos, "optimizer load_state_dict: unexpected entry '{}'", key);
-    size_t idx = 0;
-    try {
-      idx = std::stoul(key.substr(dot + 1));
-    } catch (const std::exception&) {
-      throw Error(fmt::format("optimizer load_state_dict: unexpected entry '{}'", key));
+    if (key.rfind("group.", 0) == 0) {
+      const size_t dot = key.find('.', 6);
+      std::optional<size_t> g = dot == std::string::npos ? std::nullopt : parse_index(key.substr(6, dot - 6));
+      const std::string field = dot == std::string::npos ? "" : key.substr(dot + 1);
+      if (!g || (field != "lr_ratio" && field != "weight_decay" && field != "num_params")) {
+        misfits.push_back(fmt::format("unexpected entry '{}'", key));
+        continue;
+      }
+      std::optional<double> v = scalar_entry(key, t, misfits);
+      SavedGroup& sg = saved_groups[*g];
+      if (field == "lr_ratio") sg.lr_ratio = v;
+      else if (field == "weight_decay") sg.weight_decay = v;
+      else sg.num_params = v;
+      if (v && (!std::isfinite(*v) || *v < 0))
+        misfits.push_back(fmt::format("'{}' is {}; it must be finite and non-negative", key, *v));
+      continue;
     }
-    TP_CHECK(idx < params_.size(), "optimizer load_state_dict: '{}' refers to parameter {} but there are {}", key, idx,
-             params_.size());
-    TP_CHECK(t.sizes() == params_[idx].sizes() && t.dtype() == params_[idx].dtype(),
-             "optimizer load_state_dict: '{}' is {} {} but parameter {} is {} {}", key, t.dtype(), t.sizes(), idx,
-             params_[idx].dtype(), params_[idx].sizes());
+    const size_t dot = key.rfind('.');
+    std::optional<size_t> idx = dot == std::string::npos ? std::nullopt : parse_index(key.substr(dot + 1));
+    if (!idx) {
+      misfits.push_back(fmt::format("unexpected entry '{}'", key));
+      continue;
+    }
+    if (*idx >= params_.size()) {
+      misfits.push_back(fmt::format("'{}' refers to parameter {} but there are {}", key, *idx, params_.size()));
+      continue;
+    }
+    const Tensor& p = params_[*idx];
+    if (!t.defined() || t.sizes() != p.sizes() || t.dtype() != p.dtype()) {
+      misfit_buffers.insert(key);
+      if (t.defined())
+        misfits.push_back(fmt::format("'{}' is {} {} but parameter {} is {} {}", key, t.dtype(), t.sizes(), *idx,
+                                      p.dtype(), p.sizes()));
+      else
+        misfits.push_back(fmt::format("'{}' is undefined", key));
+      continue;
+    }
     auto& buf = buffers[key.substr(0, dot)];
     buf.resize(params_.size());
-    buf[idx] = t.clone().detach();
+    buf[*idx] = t.clone().detach();
   }
   for (auto& [name, buf] : buffers)
     for (size_t i = 0; i < buf.size(); ++i)
-      TP_CHECK(buf[i].defined(), "optimizer load_state_dict: '{}.{}' is missing from the state", name, i);
-  steps_ = steps;
-  lr_ = lr;
+      if (!buf[i].defined() && !misfit_buffers.count(fmt::format("{}.{}", name, i)))
+        misfits.push_back(fmt::format("'{}.{}' is missing from the state", name, i));
+
+  // The groups: as many as this optimizer's, each complete and of the same size; or none (a state
+  // saved before groups existed), which fits a one-group optimizer.
+  if (saved_groups.empty()) {
+    if (groups_.size() != 1)
+      misfits.push_back(fmt::format("the state has no parameter groups (saved before optimizers had them), which "
+                                    "fits only a one-group optimizer, but this one has {} groups", groups_.size()));
+  } else {
+    const size_t saved_count = saved_groups.rbegin()->first + 1;
+    if (saved_count != groups_.size())
+      misfits.push_back(fmt::format("the state has {} parameter groups but this optimizer has {}", saved_count,
+                                    groups_.size()));
+    for (size_t g = 0; g < std::min(saved_count, groups_.size()); ++g) {
+      // (An entry present but not one value was named above.)
+      for (const char* field : {"lr_ratio", "weight_decay"})
+        if (!state.count(fmt::format("group.{}.{}", g, field)))
+          misfits.push_back(fmt::format("'group.{}.{}' is missing from the state", g, field));
+      // num_params is checked when present (and when this optimizer has the group).
+      auto it = saved_groups.find(g);
+      if (it != saved_groups.end() && it->second.num_params && g < groups_.size()) {
+        const double n = *it->second.num_params;
+        const size_t mine = groups_[g].end - groups_[g].begin;
+        if (n != static_cast<double>(mine))
+          misfits.push_back(fmt::format("group {} has {} parameters in the state but {} in this optimizer", g,
+                                        static_cast<int64_t>(n), mine));
+      }
+    }
+  }
+  if (base_lr && (!std::isfinite(*base_lr) || *base_lr < 0))
+    misfits.push_back(fmt::format("'lr' is {}; it must be finite and non-negative", *base_lr));
+  if (steps && (!std::isfinite(*steps) || *steps < 0))
+    misfits.push_back(fmt::format("'step' is {}; it must be non-negative", *steps));
+
+  if (!misfits.empty()) {
+    constexpr size_t kShown = 20;
+    std::string text;
+    for (size_t i = 0; i < misfits.size() && i < kShown; ++i) text += (i ? "; " : "") + misfits[i];
+    if (misfits.size() > kShown) text += fmt::format("; and {} more", misfits.size() - kShown);
+    throw Error(fmt::format("optimizer load_state_dict: the state does not fit this optimizer: {}", text));
+  }
+  steps_ = static_cast<int64_t>(*steps);
+  lr_ = *base_lr;
   buffers_ = std::move(buffers);
+  for (auto& [g, sg] : saved_groups) {
+    groups_[g].lr_ratio = *sg.lr_ratio;
+    groups_[g].weight_decay = *sg.weight_decay;
+  }
 }
 
 void Optimizer::save(const std::string& path) const { nn::save_safetensors(path, state_dict()); }
 
 void Optimizer::load(const std::string& path) { load_state_dict(nn::load_safetensors(path).as_map()); }
 
-SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params), o.lr), options(o) {
+namespace {
+
+const SGDOptions& checked(const SGDOptions& o) {
   TP_CHECK(o.momentum >= 0 && o.weight_decay >= 0, "SGD: momentum and weight_decay must be non-negative");
   TP_CHECK(!o.nesterov || o.momentum > 0, "SGD: nesterov needs a positive momentum");
+  return o;
 }
+
+const AdamOptions& checked(const AdamOptions& o) {
+  TP_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "Adam: betas must be in [0, 1), got ({}, {})",
+           o.beta1, o.beta2);
+  TP_CHECK(o.eps >= 0 && o.weight_decay >= 0, "Adam: eps and weight_decay must be non-negative");
+  return o;
+}
+
+}  // namespace
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions o)
+    : Optimizer(std::move(params), checked(o).lr, o.weight_decay), options(o) {}
+
+SGD::SGD(std::vector<ParamGroup> groups, SGDOptions o)
+    : Optimizer(std::move(groups), checked(o).lr, o.weight_decay), options(o) {}
 
 void SGD::step() {
   NoGradGuard no_grad;
   ++steps_;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor p = params_[i], g = p.grad();
-    if (!g.defined()) continue;
-    Tensor d = options.weight_decay != 0 ? g + p * options.weight_decay : g;
-    if (options.momentum != 0) {
-      Tensor& buf = buffer("momentum_buffer")[i];
-      if (steps_ == 1) buf.copy_(d);
-      else buf.mul_(options.momentum).add_(d);
-      d = options.nesterov ? d + buf * options.momentum : buf;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const double glr = group_lr(g), wd = groups_[g].weight_decay;
+    for (size_t i = groups_[g].begin; i < groups_[g].end; ++i) {
+      Tensor p = params_[i], grad = p.grad();
+      if (!grad.defined()) continue;
+      Tensor d = wd != 0 ? grad + p * wd : grad;
+      if (options.momentum != 0) {
+        Tensor& buf = buffer("momentum_buffer")[i];
+        if (steps_ == 1) buf.copy_(d);
+        else buf.mul_(options.momentum).add_(d);
+        d = options.nesterov ? d + buf * options.momentum : buf;
+      }
+      p.add_(d, -glr);
     }
-    p.add_(d, -lr_);
   }
 }
 
-Adam::Adam(std::vector<Tensor> params, AdamOptions o) : Optimizer(std::move(params), o.lr), options(o) {
-  TP_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "Adam: betas must be in [0, 1), got ({}, {})",
-           o.beta1, o.beta2);
-  TP_CHECK(o.eps >= 0 && o.weight_decay >= 0, "Adam: eps and weight_decay must be non-negative");
-}
+Adam::Adam(std::vector<Tensor> params, AdamOptions o)
+    : Optimizer(std::move(params), checked(o).lr, o.weight_decay), options(o) {}
+
+Adam::Adam(std::vector<ParamGroup> groups, AdamOptions o)
+    : Optimizer(std::move(groups), checked(o).lr, o.weight_decay), options(o) {}
 
 AdamW::AdamW(std::vector<Tensor> params, AdamOptions o) : Adam(std::move(params), o) { decoupled_ = true; }
+
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamOptions o) : Adam(std::move(groups), o) { decoupled_ = true; }
 
 void Adam::step() {
   TP_PROFILE("Adam.step");
   NoGradGuard no_grad;
   ++steps_;
-  const double b1 = options.beta1, b2 = options.beta2, wd = options.weight_decay;
-  const double step_size = lr_ / (1.0 - std::pow(b1, static_cast<double>(steps_)));
+  const double b1 = options.beta1, b2 = options.beta2;
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(steps_));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(steps_)));
   auto& m_all = buffer("exp_avg");
   auto& v_all = buffer("exp_avg_sq");
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor p = params_[i], g = p.grad();
-    if (!g.defined()) continue;
-    g = g.contiguous();
-    Tensor m = m_all[i], v = v_all[i];
-    dispatch_floating(p.dtype(), "Adam", [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      T* pp = p.data_ptr<T>();
-      const T* pg = g.data_ptr<T>();
-      T* pm = m.data_ptr<T>();
-      T* pv = v.data_ptr<T>();
-      const T tb1 = static_cast<T>(b1), tb2 = static_cast<T>(b2), twd = static_cast<T>(wd);
-      const T decay = static_cast<T>(1.0 - lr_ * wd), ss = static_cast<T>(step_size), bc = static_cast<T>(bc2_sqrt);
-      const T teps = static_cast<T>(options.eps);
-      const bool decoupled = decoupled_;
-      // One pass: the same operations, in the same order, as PyTorch's single-tensor Adam.
-      cpu::parallel_for(0, p.numel(), cpu::kGrainSize, [&](int64_t b, int64_t e) {
-        for (int64_t j = b; j < e; ++j) {
-          T grad = pg[j];
-          if (decoupled) pp[j] *= decay;
-          else if (wd != 0) grad += twd * pp[j];
-          pm[j] = pm[j] * tb1 + grad * (T(1) - tb1);
-          pv[j] = pv[j] * tb2 + grad * grad * (T(1) - tb2);
-          pp[j] -= ss * pm[j] / (std::sqrt(pv[j]) / bc + teps);
-        }
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const double glr = group_lr(gi), wd = groups_[gi].weight_decay;
+    const double step_size = glr / bc1;
+    for (size_t i = groups_[gi].begin; i < groups_[gi].end; ++i) {
+      Tensor p = params_[i], g = p.grad();
+      if (!g.defined()) continue;
+      g = g.contiguous();
+      Tensor m = m_all[i], v = v_all[i];
+      dispatch_floating(p.dtype(), "Adam", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        T* pp = p.data_ptr<T>();
+        const T* pg = g.data_ptr<T>();
+        T* pm = m.data_ptr<T>();
+        T* pv = v.data_ptr<T>();
+        const T tb1 = static_cast<T>(b1), tb2 = static_cast<T>(b2), twd = static_cast<T>(wd);
+        const T decay = static_cast<T>(1.0 - glr * wd), ss = static_cast<T>(step_size), bc = static_cast<T>(bc2_sqrt);
+        const T teps = static_cast<T>(options.eps);
+        const bool decoupled = decoupled_;
+        // One pass: the same operations, in the same order, as PyTorch's single-tensor Adam.
+        cpu::parallel_for(0, p.numel(), cpu::kGrainSize, [&](int64_t b, int64_t e) {
+          for (int64_t j = b; j < e; ++j) {
+            T grad = pg[j];
+            if (decoupled) pp[j] *= decay;
+            else if (wd != 0) grad += twd * pp[j];
+            pm[j] = pm[j] * tb1 + grad * (T(1) - tb1);
+            pv[j] = pv[j] * tb2 + grad * grad * (T(1) - tb2);
+            pp[j] -= ss * pm[j] / (std::sqrt(pv[j]) / bc + teps);
+          }
+        });
       });
-    });
-    p.impl().storage->version++;
+      p.impl().storage->version++;
+    }
   }
 }
 
@@ -195,6 +388,49 @@ InverseSqrtSchedule::InverseSqrtSchedule(double peak, int64_t w) : peak_lr(peak)
 double InverseSqrtSchedule::lr(int64_t step) const {
   double s = static_cast<double>(std::max<int64_t>(step, 1)), w = static_cast<double>(warmup);
   return s < w ? peak_lr * s / w : peak_lr * std::sqrt(w / s);
+}
+
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+// CosineSchedule's and LinearSchedule's checks, naming the schedule.
+void check_warmup_decay(const char* name, double peak, int64_t warmup, int64_t total, double min_lr) {
+  TP_CHECK(std::isfinite(peak) && peak > 0, "{}: peak_lr must be positive, got {}", name, peak);
+  TP_CHECK(min_lr >= 0 && min_lr <= peak, "{}: min_lr must be in [0, peak_lr = {}], got {}", name, peak, min_lr);
+  TP_CHECK(total > 0, "{}: total must be positive, got {}", name, total);
+  TP_CHECK(warmup >= 0 && warmup <= total, "{}: warmup must be in [0, total = {}], got {}", name, total, warmup);
+}
+
+// The warmup, then decay(fraction of the decay done, in [0, 1]) from peak to min_lr, then min_lr.
+template <class Decay>
+double warmup_decay_lr(int64_t step, double peak, int64_t warmup, int64_t total, double min_lr, Decay decay) {
+  const int64_t s = std::max<int64_t>(step, 1);
+  if (s <= warmup) return peak * static_cast<double>(s) / static_cast<double>(warmup);
+  if (s > total) return min_lr;  // also covers warmup == total
+  const double frac = static_cast<double>(s - warmup) / static_cast<double>(total - warmup);
+  return min_lr + decay(frac) * (peak - min_lr);
+}
+
+}  // namespace
+
+CosineSchedule::CosineSchedule(double peak, int64_t w, int64_t t, double min)
+    : peak_lr(peak), warmup(w), total(t), min_lr(min) {
+  check_warmup_decay("CosineSchedule", peak, w, t, min);
+}
+
+double CosineSchedule::lr(int64_t step) const {
+  return warmup_decay_lr(step, peak_lr, warmup, total, min_lr,
+                         [](double frac) { return 0.5 * (1.0 + std::cos(kPi * frac)); });
+}
+
+LinearSchedule::LinearSchedule(double peak, int64_t w, int64_t t, double min)
+    : peak_lr(peak), warmup(w), total(t), min_lr(min) {
+  check_warmup_decay("LinearSchedule", peak, w, t, min);
+}
+
+double LinearSchedule::lr(int64_t step) const {
+  return warmup_decay_lr(step, peak_lr, warmup, total, min_lr, [](double frac) { return 1.0 - frac; });
 }
 
 }  // namespace tapestry::optim

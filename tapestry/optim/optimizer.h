@@ -1,10 +1,11 @@
 // Optimizers (SGD, Adam, AdamW), gradient clipping and learning-rate schedules, with
 // libtorch's names. Each optimizer updates its parameters in place under NoGradGuard, one
-// fused pass over memory per parameter, and its state (step count, lr, moment buffers) saves
-// and loads with the model so that training resumes exactly.
+// fused pass over memory per parameter, and its state (step count, lr, per-group lr ratio and
+// weight decay, moment buffers) saves and loads with the model so that training resumes exactly.
 #pragma once
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,29 +13,73 @@
 
 namespace tapestry::optim {
 
+// One parameter group, as an entry of PyTorch's param_groups: its parameters and, optionally,
+// its own lr and weight decay (unset: the optimizer options'). E.g. AdamW without weight decay on
+// biases and norms:
+//   AdamW opt(std::vector<ParamGroup>{{decayed}, {not_decayed, std::nullopt, 0.0}}, options);
+// Empty groups are allowed; a parameter may appear only once in all the groups together (the
+// constructor throws "optimizer: parameter N appears in more than one group" otherwise).
+struct ParamGroup {
+  std::vector<Tensor> params;
+  std::optional<double> lr;
+  std::optional<double> weight_decay;
+};
+
+// The learning rate. lr() is the base lr: the options' lr until set_lr (or a Schedule) changes it.
+// Each group keeps an lr ratio, its initial lr / the options' lr, fixed at construction (and
+// restored by load_state_dict), and steps with group_lr(g) = lr() * ratio. So set_lr(x) scales
+// every group as torch.optim.lr_scheduler.LambdaLR scales each group's base lr: a group built
+// with lr 2e-4 under options.lr 1e-3 runs at a fifth of whatever the schedule gives. A group
+// without its own lr has ratio 1. If options.lr is 0 the ratio is undefined: a group's own lr
+// must then be 0 too (ratio 0: the group stays at lr 0 whatever set_lr is given), else the
+// constructor throws.
 class Optimizer {
  public:
-  Optimizer(std::vector<Tensor> params, double lr);
+  // One group of all the parameters, with the given lr and weight decay.
+  Optimizer(std::vector<Tensor> params, double lr, double weight_decay = 0);
+  // Groups in order; each group's unset lr / weight_decay is the given one.
+  Optimizer(std::vector<ParamGroup> groups, double lr, double weight_decay = 0);
   virtual ~Optimizer() = default;
   virtual void step() = 0;  // parameters without a gradient are skipped
   void zero_grad();
-  double lr() const { return lr_; }
-  void set_lr(double lr) { lr_ = lr; }
+  double lr() const { return lr_; }  // the base lr (see above)
+  void set_lr(double lr) { lr_ = lr; }  // every group's lr becomes lr * its ratio
   int64_t step_count() const { return steps_; }
+  // All the parameters, flat, in group order; a parameter's index here is its index in the state.
   const std::vector<Tensor>& params() const { return params_; }
 
-  // "step", "lr" and each per-parameter buffer as "<buffer>.<param index>".
+  size_t num_groups() const { return groups_.size(); }
+  double group_lr(size_t g) const;        // lr() * group_lr_ratio(g): what step() uses
+  double group_lr_ratio(size_t g) const;  // the group's initial lr / the options' lr
+  double group_weight_decay(size_t g) const;
+  std::vector<Tensor> group_params(size_t g) const;
+
+  // "step", "lr", per group "group.<g>.lr_ratio" and "group.<g>.weight_decay" (float64 0-d) and
+  // "group.<g>.num_params" (int64 0-d), and each per-parameter buffer as "<buffer>.<param index>"
+  // (the flat index of params()).
   nn::NamedTensors state_dict() const;
-  // Checks that the state fits these parameters (count, shapes) and names what does not.
+  // Checks that the state fits this optimizer (the number of groups and of parameters in each,
+  // each buffer's shape and dtype against its parameter's), naming every misfit in one error, then
+  // restores the step count, base lr, buffers and each group's lr ratio and weight decay (as
+  // PyTorch's load_state_dict restores the groups' hyperparameters). A state saved before groups
+  // existed (no "group." entries) loads into a one-group optimizer, whose ratio and weight decay
+  // stay as constructed.
   void load_state_dict(const std::map<std::string, Tensor>& state);
   // The state as a safetensors file beside the model's (atomic write, as Module::save).
   void save(const std::string& path) const;
   void load(const std::string& path);
 
  protected:
+  // A group: params_[begin, end), its lr ratio and weight decay.
+  struct Group {
+    size_t begin = 0, end = 0;
+    double lr_ratio = 1, weight_decay = 0;
+  };
   // Named per-parameter buffers (e.g. exp_avg), zero-initialized on first use.
   std::vector<Tensor>& buffer(const std::string& name);
+  const Group& group(size_t g) const;
   std::vector<Tensor> params_;
+  std::vector<Group> groups_;
   double lr_;
   int64_t steps_ = 0;
   std::map<std::string, std::vector<Tensor>> buffers_;
@@ -46,10 +91,13 @@ struct SGDOptions {
 };
 
 // PyTorch's SGD: d = g + wd p; buf = momentum buf + d (buf = d on the first step); p -= lr buf
-// (nesterov: p -= lr (d + momentum buf)).
+// (nesterov: p -= lr (d + momentum buf)), with each group's lr and wd. momentum and nesterov
+// are the options', for all groups; options.lr and options.weight_decay are read only by the
+// constructor (the groups' defaults).
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions options);
+  SGD(std::vector<ParamGroup> groups, SGDOptions options);
   void step() override;
   SGDOptions options;
 };
@@ -58,10 +106,12 @@ struct AdamOptions {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
 };
 
-// PyTorch's Adam (weight decay as L2 added to the gradient), bias-corrected moments.
+// PyTorch's Adam (weight decay as L2 added to the gradient), bias-corrected moments, with each
+// group's lr and weight decay (betas and eps are the options', for all groups).
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options);
+  Adam(std::vector<ParamGroup> groups, AdamOptions options);
   void step() override;
   AdamOptions options;
 
@@ -69,10 +119,12 @@ class Adam : public Optimizer {
   bool decoupled_ = false;
 };
 
-// Adam with decoupled weight decay: p *= 1 - lr wd before the Adam update (PyTorch's AdamW).
+// Adam with decoupled weight decay: p *= 1 - lr wd before the Adam update (PyTorch's AdamW),
+// with each group's lr and wd.
 class AdamW : public Adam {
  public:
   AdamW(std::vector<Tensor> params, AdamOptions options);
+  AdamW(std::vector<ParamGroup> groups, AdamOptions options);
 };
 
 // Scales all gradients together so that their global L2 norm is at most max_norm; returns the
@@ -88,6 +140,7 @@ class Schedule {
  public:
   virtual ~Schedule() = default;
   virtual double lr(int64_t step) const = 0;
+  // Sets the optimizer's base lr; each group runs at lr(step) times its ratio (see Optimizer).
   void apply(Optimizer& opt, int64_t step) const { opt.set_lr(lr(step)); }
 };
 
@@ -107,6 +160,31 @@ class InverseSqrtSchedule : public Schedule {
   double lr(int64_t step) const override;
   double peak_lr;
   int64_t warmup;
+};
+
+// nanoGPT's get_lr, step counting from 1: linear warmup peak_lr * step / warmup for
+// step <= warmup (warmup 0: none), then a half cosine from peak_lr at step = warmup down to
+// min_lr at step = total, and min_lr after total:
+//   min_lr + (peak_lr - min_lr) * (1 + cos(pi * (step - warmup) / (total - warmup))) / 2.
+// Needs peak_lr > 0, 0 <= min_lr <= peak_lr, 0 <= warmup <= total and total > 0.
+class CosineSchedule : public Schedule {
+ public:
+  CosineSchedule(double peak_lr, int64_t warmup, int64_t total, double min_lr = 0);
+  double lr(int64_t step) const override;
+  double peak_lr;
+  int64_t warmup, total;
+  double min_lr;
+};
+
+// As CosineSchedule, with a straight line from peak_lr at step = warmup to min_lr at step = total:
+//   min_lr + (peak_lr - min_lr) * (1 - (step - warmup) / (total - warmup)).
+class LinearSchedule : public Schedule {
+ public:
+  LinearSchedule(double peak_lr, int64_t warmup, int64_t total, double min_lr = 0);
+  double lr(int64_t step) const override;
+  double peak_lr;
+  int64_t warmup, total;
+  double min_lr;
 };
 
 }  // namespace tapestry::optim

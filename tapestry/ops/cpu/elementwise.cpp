@@ -178,6 +178,16 @@ void unary_floating(Unary kind, const Tensor& out, const Tensor& a, double p0, d
         T pdf = std::exp(T(-0.5) * x * x) * T(0.3989422804014327);
         return cdf + x * pdf;
       });
+    case Unary::GeluTanh:  // GPT-2's approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+      return unary_loop<T, T>(out, a, [](T x) {
+        return T(0.5) * x * (T(1) + std::tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x)));
+      });
+    case Unary::GeluTanhGrad:
+      return unary_loop<T, T>(out, a, [](T x) {
+        T t = std::tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x));
+        return T(0.5) * (T(1) + t) +
+               T(0.5) * x * (T(1) - t * t) * T(0.7978845608028654) * (T(1) + T(3 * 0.044715) * x * x);
+      });
     case Unary::PowScalar:
       // PyTorch computes x^0.5 and x^-0.5 as (r)sqrt: NaN for x = -inf, where std::pow gives inf / 0.
       if (pe == T(0.5)) return unary_loop<T, T>(out, a, [](T x) { return std::sqrt(x); });

@@ -1,0 +1,34 @@
+// The tokenizers a language model can train with, behind one interface: raw bytes, SentencePiece
+// subwords (trained on the training text), or GPT-2's byte-level BPE. Each has a separator token
+// that ends every line of a corpus and stands for its newline, so that a corpus is one stream
+// "sep line1 sep line2 sep ..." and bits per byte count each line's UTF-8 bytes plus one.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tapestry::apps {
+
+class LMTokenizer {
+ public:
+  virtual ~LMTokenizer() = default;
+  virtual std::vector<int64_t> encode(const std::string& text) const = 0;
+  // The text of ids; the separator becomes "\n", other special ids are dropped.
+  virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t separator() const = 0;
+  virtual std::string name() const = 0;  // "byte", "sentencepiece" or "gpt2"
+};
+
+// Bytes 0..255 are the ids; the separator is '\n' itself.
+std::unique_ptr<LMTokenizer> byte_tokenizer();
+// A SentencePiece model file (apps/data/subword.h: pad 0, unk 1, bos 2, eos 3); eos separates.
+std::unique_ptr<LMTokenizer> sentencepiece_tokenizer(const std::string& model_path);
+// GPT-2's vocabulary files in dir (tools/get-gpt2-tokenizer.sh); <|endoftext|> separates.
+std::unique_ptr<LMTokenizer> gpt2_tokenizer(const std::string& dir);
+
+// The prefix of `text` that ends on a whole UTF-8 character (for streaming bytes as they come).
+size_t complete_utf8_prefix(const std::string& text);
+
+}  // namespace tapestry::apps

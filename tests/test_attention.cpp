@@ -3,6 +3,7 @@
 // and the gradients of q, k and v, over masks, causality, shapes that cross the kernel's blocks
 // (64 query rows x 128 keys), strided and expanded inputs, dropout with the same seed, float32,
 // gradchecks and errors. Then MultiHeadAttention's is_causal and gelu's tanh form.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -94,9 +95,9 @@ void check_matches_reference(const char* what, const TensorList& inputs, const B
   INFO(what);
   Tensor g = upstream_for(inputs, build);
   Run a = run(inputs, build, fused(mask, causal, scale), g);
-  Run b = run(inputs, build,
-              [&](const Tensor& q, const Tensor& k, const Tensor& v) { return reference(q, k, v, mask, causal, scale); },
-              g);
+  Run b = run(
+      inputs, build,
+      [&](const Tensor& q, const Tensor& k, const Tensor& v) { return reference(q, k, v, mask, causal, scale); }, g);
   CHECK(a.out.sizes() == b.out.sizes());
   CHECK(a.out.dtype() == b.out.dtype());
   CHECK(max_diff(a.out, b.out) <= tol);
@@ -144,27 +145,27 @@ TEST_CASE("scaled_dot_product_attention equals the composite: plain, masks, caus
   Tensor qk_mask = random_mask({5, 7}, 0.3, 3);
   check_matches_reference("mask [Tq, Tk]", random_inputs({2, 3, 5, 4}, {2, 3, 7, 4}, {2, 3, 7, 4}, 4), kIdentity,
                           qk_mask, false);
-  check_matches_reference("mask [B, H, Tq, Tk]", random_inputs({2, 3, 5, 4}, {2, 3, 7, 4}, {2, 3, 7, 4}, 5),
-                          kIdentity, random_mask({2, 3, 5, 7}, 0.4, 6), false);
+  check_matches_reference("mask [B, H, Tq, Tk]", random_inputs({2, 3, 5, 4}, {2, 3, 7, 4}, {2, 3, 7, 4}, 5), kIdentity,
+                          random_mask({2, 3, 5, 7}, 0.4, 6), false);
   check_matches_reference("is_causal", random_inputs({2, 3, 6, 4}, {2, 3, 6, 4}, {2, 3, 6, 4}, 7), kIdentity, Tensor(),
                           true);
-  check_matches_reference("is_causal, Tq < Tk", random_inputs({2, 2, 7, 4}, {2, 2, 11, 4}, {2, 2, 11, 4}, 8),
-                          kIdentity, Tensor(), true);
-  check_matches_reference("is_causal, Tq > Tk", random_inputs({2, 2, 11, 4}, {2, 2, 7, 4}, {2, 2, 7, 4}, 9),
-                          kIdentity, Tensor(), true);
+  check_matches_reference("is_causal, Tq < Tk", random_inputs({2, 2, 7, 4}, {2, 2, 11, 4}, {2, 2, 11, 4}, 8), kIdentity,
+                          Tensor(), true);
+  check_matches_reference("is_causal, Tq > Tk", random_inputs({2, 2, 11, 4}, {2, 2, 7, 4}, {2, 2, 7, 4}, 9), kIdentity,
+                          Tensor(), true);
   check_matches_reference("mask and is_causal", random_inputs({2, 3, 5, 4}, {2, 3, 7, 4}, {2, 3, 7, 4}, 10), kIdentity,
                           pad, true);
   check_matches_reference("Tq != Tk (7 vs 11)", random_inputs({2, 3, 7, 4}, {2, 3, 11, 4}, {2, 3, 11, 4}, 11),
                           kIdentity, Tensor(), false);
   check_matches_reference("custom scale", random_inputs({2, 3, 5, 4}, {2, 3, 6, 4}, {2, 3, 6, 4}, 12), kIdentity,
                           Tensor(), true, 0.37);
-  check_matches_reference("Ev != E", random_inputs({2, 3, 5, 4}, {2, 3, 6, 4}, {2, 3, 6, 7}, 13), kIdentity, pad.slice(3, 0, 6),
-                          false);
+  check_matches_reference("Ev != E", random_inputs({2, 3, 5, 4}, {2, 3, 6, 4}, {2, 3, 6, 7}, 13), kIdentity,
+                          pad.slice(3, 0, 6), false);
   check_matches_reference("3-D inputs", random_inputs({3, 5, 4}, {3, 6, 4}, {3, 6, 5}, 14), kIdentity, Tensor(), true);
   check_matches_reference("3-D inputs with a mask", random_inputs({3, 5, 4}, {3, 6, 4}, {3, 6, 5}, 15), kIdentity,
                           random_mask({3, 1, 6}, 0.3, 16), false);
-  check_matches_reference("2-D inputs", random_inputs({5, 4}, {6, 4}, {6, 3}, 17), kIdentity, random_mask({5, 6}, 0.3, 18),
-                          true);
+  check_matches_reference("2-D inputs", random_inputs({5, 4}, {6, 4}, {6, 3}, 17), kIdentity,
+                          random_mask({5, 6}, 0.3, 18), true);
 
   // A fully masked row attends evenly to every key (no NaN), as the composite does.
   Tensor full_row = bool_mask({0, 1, 0, 0, 0, 0, 0,  //
@@ -210,14 +211,13 @@ TEST_CASE("scaled_dot_product_attention: strided, offset and expanded inputs") {
   check_matches_reference("split_heads views", random_inputs({B, T, D}, {B, 7, D}, {B, 7, D}, 30), split_heads,
                           Tensor(), true);
   check_matches_reference("split_heads views, key padding", random_inputs({B, T, D}, {B, 7, D}, {B, 7, D}, 31),
-                          split_heads,
-                          bool_mask({0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0}, {2, 1, 1, 7}), false);
+                          split_heads, bool_mask({0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0}, {2, 1, 1, 7}), false);
   // The last dim not unit-stride: q and k stored as [..., E, T] and transposed.
   Build transposed = [](const TensorList& x) {
     return TensorList{x[0].transpose(-1, -2), x[1].transpose(-1, -2), x[2]};
   };
-  check_matches_reference("transposed q and k (last dim strided)", random_inputs({2, 3, 4, 5}, {2, 3, 4, 6}, {2, 3, 6, 4}, 32),
-                          transposed, Tensor(), true);
+  check_matches_reference("transposed q and k (last dim strided)",
+                          random_inputs({2, 3, 4, 5}, {2, 3, 4, 6}, {2, 3, 6, 4}, 32), transposed, Tensor(), true);
   // q, k, v as column thirds of one fused projection [B, T, 3D] (Hugging Face's c_attn): k and v
   // start at an offset into the storage. The extra batch row keeps any misread inside the storage.
   Build fused_qkv = [=](const TensorList& x) {
@@ -227,9 +227,12 @@ TEST_CASE("scaled_dot_product_attention: strided, offset and expanded inputs") {
   check_matches_reference("chunks of a fused qkv (offset views)", {randn({B + 1, T, 3 * D}, kFloat64)}, fused_qkv,
                           Tensor(), true);
   // Contiguous views at an offset: batch 1 of stacked tensors.
-  Build selected = [](const TensorList& x) { return TensorList{x[0].select(0, 1), x[1].select(0, 1), x[2].select(0, 1)}; };
+  Build selected = [](const TensorList& x) {
+    return TensorList{x[0].select(0, 1), x[1].select(0, 1), x[2].select(0, 1)};
+  };
   check_matches_reference("contiguous views at an offset (select)",
-                          random_inputs({3, 2, 3, 5, 4}, {3, 2, 3, 6, 4}, {3, 2, 3, 6, 4}, 33), selected, Tensor(), true);
+                          random_inputs({3, 2, 3, 5, 4}, {3, 2, 3, 6, 4}, {3, 2, 3, 6, 4}, 33), selected, Tensor(),
+                          true);
   // A mask that is itself a view at an offset.
   Tensor mask_storage = random_mask({16, 7}, 0.3, 34);
   check_matches_reference("a mask at an offset", random_inputs({2, 3, 5, 4}, {2, 3, 7, 4}, {2, 3, 7, 4}, 35), kIdentity,
@@ -257,8 +260,8 @@ TEST_CASE("scaled_dot_product_attention in float32 matches float64") {
   check_float32("plain", random_inputs({2, 3, 5, 4}, {2, 3, 7, 4}, {2, 3, 7, 6}, 50), kIdentity, Tensor(), false);
   check_float32("mask and causal", random_inputs({2, 3, 7, 4}, {2, 3, 7, 4}, {2, 3, 7, 4}, 51), kIdentity,
                 random_mask({2, 1, 1, 7}, 0.3, 52), true);
-  check_float32("across blocks, causal", random_inputs({1, 2, 150, 16}, {1, 2, 300, 16}, {1, 2, 300, 16}, 53), kIdentity,
-                Tensor(), true);
+  check_float32("across blocks, causal", random_inputs({1, 2, 150, 16}, {1, 2, 300, 16}, {1, 2, 300, 16}, 53),
+                kIdentity, Tensor(), true);
   // A fully masked row: every score is -1e9, which float32 cannot tell from -1e9 + log(Tk).
   check_float32("a fully masked row", random_inputs({2, 3, 5, 4}, {2, 3, 7, 4}, {2, 3, 7, 4}, 54), kIdentity,
                 bool_mask({0, 0, 0, 0, 0, 0, 0,  //
@@ -275,16 +278,18 @@ TEST_CASE("scaled_dot_product_attention: dropout equals dropout(softmax(...)) wi
     INFO(what);
     Tensor g = upstream_for(in, kIdentity);
     Generator gen_a(42), gen_b(42);
-    Run a = run(in, kIdentity,
-                [&](const Tensor& q, const Tensor& k, const Tensor& v) {
-                  return scaled_dot_product_attention(q, k, v, mask, causal, p, std::nullopt, &gen_a);
-                },
-                g);
-    Run b = run(in, kIdentity,
-                [&](const Tensor& q, const Tensor& k, const Tensor& v) {
-                  return reference(q, k, v, mask, causal, std::nullopt, p, &gen_b);
-                },
-                g);
+    Run a = run(
+        in, kIdentity,
+        [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+          return scaled_dot_product_attention(q, k, v, mask, causal, p, std::nullopt, &gen_a);
+        },
+        g);
+    Run b = run(
+        in, kIdentity,
+        [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+          return reference(q, k, v, mask, causal, std::nullopt, p, &gen_b);
+        },
+        g);
     CHECK(max_diff(a.out, b.out) <= 1e-9);
     for (size_t i = 0; i < 3; ++i) {
       INFO("the gradient of input ", i);
@@ -328,9 +333,7 @@ TEST_CASE("scaled_dot_product_attention: gradcheck with causality, a mask and dr
   CHECK(gradcheck([mask](const TensorList& x) { return scaled_dot_product_attention(x[0], x[1], x[2], mask); },
                   {q, k, v}));
   CHECK(gradcheck(
-      [mask](const TensorList& x) {
-        return scaled_dot_product_attention(x[0], x[1], x[2], mask, true, 0.0, 0.7);
-      },
+      [mask](const TensorList& x) { return scaled_dot_product_attention(x[0], x[1], x[2], mask, true, 0.0, 0.7); },
       {q, k, v}));
   CHECK(gradcheck(
       [](const TensorList& x) {
@@ -346,10 +349,11 @@ TEST_CASE("scaled_dot_product_attention: gradcheck with causality, a mask and dr
       {q, k, v}));
   // Non-contiguous inputs.
   Tensor qt = randn({1, 2, 3, 4}, kFloat64, &g).requires_grad_();  // [.., E, Tq]
-  CHECK(gradcheck([](const TensorList& x) {
-                    return scaled_dot_product_attention(x[0].transpose(-1, -2), x[1], x[2], Tensor(), true);
-                  },
-                  {qt, k4, v4}));
+  CHECK(gradcheck(
+      [](const TensorList& x) {
+        return scaled_dot_product_attention(x[0].transpose(-1, -2), x[1], x[2], Tensor(), true);
+      },
+      {qt, k4, v4}));
 }
 
 TEST_CASE("scaled_dot_product_attention: errors, and empty sizes") {
@@ -411,8 +415,8 @@ TEST_CASE("scaled_dot_product_attention: errors, and empty sizes") {
 }
 
 TEST_CASE("MultiHeadAttention: is_causal equals the causal mask; keep_attention still fills the weights") {
-  CHECK(nn::causal_mask(3, 5).to_vector<bool>() ==
-        std::vector<bool>{false, true, true, true, true, false, false, true, true, true, false, false, false, true, true});
+  CHECK(nn::causal_mask(3, 5).to_vector<bool>() == std::vector<bool>{false, true, true, true, true, false, false, true,
+                                                                     true, true, false, false, false, true, true});
   CHECK(nn::causal_mask(3, 5).dtype() == kBool);
   manual_seed(80);
   nn::MultiHeadAttention mha(16, 4);

@@ -96,8 +96,8 @@ nn::NamedTensors hf_state(const GPT& m, const std::string& prefix, bool with_hea
     put(h + "ln_1.bias", b->ln_1->bias);
     put(h + "attn.bias", tril(ones({1, 1, m.config.block_size, m.config.block_size})));
     put(h + "attn.c_attn.weight", cat({conv1d(*b->attn->w_q), conv1d(*b->attn->w_k), conv1d(*b->attn->w_v)}, 1));
-    put(h + "attn.c_attn.bias", cat({b->attn->w_q->bias.detach(), b->attn->w_k->bias.detach(),
-                                     b->attn->w_v->bias.detach()}, 0));
+    put(h + "attn.c_attn.bias",
+        cat({b->attn->w_q->bias.detach(), b->attn->w_k->bias.detach(), b->attn->w_v->bias.detach()}, 0));
     put(h + "attn.c_proj.weight", conv1d(*b->attn->w_o));
     put(h + "attn.c_proj.bias", b->attn->w_o->bias);
     put(h + "ln_2.weight", b->ln_2->weight);
@@ -241,8 +241,8 @@ TEST_CASE("GPT: logits, causality, the loss, the tied head and the parameter gro
   both.insert(n.begin(), n.end());
   CHECK(both == all);
   CHECK(decay.size() + no_decay.size() == model.parameters().size());
-  CHECK(decay.size() == 2 + 2 * 6);       // wte, wpe; q, k, v, o, fc, proj per layer
-  CHECK(no_decay.size() == 2 * 10 + 2);   // 2 LayerNorms and 6 biases per layer; ln_f
+  CHECK(decay.size() == 2 + 2 * 6);      // wte, wpe; q, k, v, o, fc, proj per layer
+  CHECK(no_decay.size() == 2 * 10 + 2);  // 2 LayerNorms and 6 biases per layer; ln_f
   CHECK(d.count(model.wte->weight.impl_ptr().get()) == 1);
 }
 
@@ -380,8 +380,8 @@ TEST_CASE("generate: greedy equals the uncached argmax continuation, for each pr
   std::vector<Ids> out14 = models::generate(model, {p14}, o);
   CHECK(out14[0] == greedy_reference(model, p14, 3));
   CHECK(models::generate(model, {p16}, o)[0].size() == 1);
-  CHECK(models::generate(model, {p16, p14}, o) == std::vector<Ids>{greedy_reference(model, p16, 1),
-                                                                    greedy_reference(model, p14, 1)});
+  CHECK(models::generate(model, {p16, p14}, o) ==
+        std::vector<Ids>{greedy_reference(model, p16, 1), greedy_reference(model, p14, 1)});
   CHECK(error_of([&] { models::generate(model, {p17}, o); }).find("exceeds the context of 16") != std::string::npos);
 
   // Errors.

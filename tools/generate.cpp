@@ -69,29 +69,36 @@ Subcommand add_generate(CLI::App& app) {
       for (int64_t id : tok.encode(text)) ids.push_back(id);
       return ids;
     };
+    // The continuation is decoded together with the prompt's tokens and printed past them: some
+    // tokenizers (SentencePiece) spell a word's leading space only inside a sequence.
+    auto continuation = [&](const std::vector<int64_t>& prompt, const std::vector<int64_t>& added) {
+      std::vector<int64_t> body(prompt.begin() + 1, prompt.end()), all = body;
+      for (int64_t id : added)
+        if (id != tok.separator()) all.push_back(id);
+      const std::string before = tok.decode(body), text = tok.decode(all);
+      return text.compare(0, before.size(), before) == 0 ? text.substr(before.size()) : " " + tok.decode(added);
+    };
     if (!f->input.empty()) {
       auto lines = apps::read_lines(f->input);
       std::vector<std::vector<int64_t>> prompts;
       for (const auto& line : lines) prompts.push_back(encode(line));
       auto outs = models::generate(*lm.model, prompts, f->sample);
-      for (size_t i = 0; i < lines.size(); ++i) {
-        auto ids = outs[i];
-        if (!ids.empty() && ids.back() == tok.separator()) ids.pop_back();
-        std::printf("%s%s\n", lines[i].c_str(), tok.decode(ids).c_str());
-      }
+      for (size_t i = 0; i < lines.size(); ++i)
+        std::printf("%s%s\n", lines[i].c_str(), continuation(prompts[i], outs[i]).c_str());
       return 0;
     }
     // Streaming: decode everything so far and print what is new, up to a whole UTF-8 character.
     std::printf("%s", f->prompt.c_str());
     std::fflush(stdout);
-    std::vector<int64_t> ids;
+    const std::vector<int64_t> prompt = encode(f->prompt);
+    std::vector<int64_t> added;
     size_t printed = 0;
-    models::generate(*lm.model, {encode(f->prompt)}, f->sample, [&](size_t, int64_t id) {
+    models::generate(*lm.model, {prompt}, f->sample, [&](size_t, int64_t id) {
       if (id == tok.separator()) return;
-      ids.push_back(id);
-      const std::string text = tok.decode(ids);
+      added.push_back(id);
+      const std::string text = continuation(prompt, added);
       const size_t ready = apps::complete_utf8_prefix(text);
-      if (ready > printed && text.compare(0, printed, text, 0, printed) == 0) {
+      if (ready > printed) {
         std::fwrite(text.data() + printed, 1, ready - printed, stdout);
         std::fflush(stdout);
         printed = ready;

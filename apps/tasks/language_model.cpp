@@ -73,7 +73,9 @@ class LMData : public DataSource {
   int64_t plan(int64_t epoch) override {
     std::mt19937_64 rng(seed_ * 1000003ULL + static_cast<uint64_t>(epoch));
     const int64_t n = static_cast<int64_t>(stream_.size());
-    const int64_t offset = static_cast<int64_t>(rng() % static_cast<uint64_t>(block_));
+    // (The offset leaves room for at least one window: n >= block + 1 is checked up front.)
+    const int64_t room = std::min(block_, n - block_ - 1) + 1;
+    const int64_t offset = static_cast<int64_t>(rng() % static_cast<uint64_t>(room));
     starts_.clear();
     for (int64_t s = offset; s + block_ + 1 <= n; s += block_) starts_.push_back(s);
     for (size_t i = starts_.size(); i > 1; --i) std::swap(starts_[i - 1], starts_[rng() % i]);  // Fisher-Yates

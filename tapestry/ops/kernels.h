@@ -72,8 +72,8 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& target, const 
                               int64_t ignore_index, double scale);
 
 // Fused attention softmax(scale q k^T + masking) v over leading dims [...] (batch, heads):
-// q [..., Tq, E], k [..., Tk, E], v [..., Tk, Ev] -> out [..., Tq, Ev] and one log-sum-exp per
-// query row [..., Tq]. mask: Bool, true = masked out, broadcast to [..., Tq, Tk], or undefined;
+// q [..., Tq, E], k [..., Tk, E], v [..., Tk, Ev] -> out [..., Tq, Ev] and the softmax statistics per
+// query row, as [..., Tq, 2]: the row's maximum score and log sum exp(score - maximum). mask: Bool, true = masked out, broadcast to [..., Tq, Tk], or undefined;
 // is_causal masks key j > query i. Masked scores become -1e9, as MultiHeadAttention's were.
 // Dropout (p > 0) drops probabilities with kernels::dropout's hash of (seed, flat index).
 // No more than one block of scores is held at a time (ops/cpu/attention.cpp).

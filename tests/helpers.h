@@ -2,6 +2,9 @@
 #pragma once
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -19,6 +22,19 @@ inline void check_values(const Tensor& t, const std::vector<double>& expected, d
     INFO("element ", i, " of ", to_string(t));
     CHECK(got[i] == doctest::Approx(expected[i]).epsilon(tol));
   }
+}
+
+// The largest |a - b| / (1 + |b|); infinity on a NaN or a shape mismatch.
+inline double max_diff(const Tensor& a, const Tensor& b) {
+  if (a.sizes() != b.sizes()) return std::numeric_limits<double>::infinity();
+  std::vector<double> x = values(a), y = values(b);
+  double d = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double e = std::fabs(x[i] - y[i]) / (1.0 + std::fabs(y[i]));
+    if (std::isnan(e)) return std::numeric_limits<double>::infinity();
+    d = std::max(d, e);
+  }
+  return d;
 }
 
 // Runs f and returns the message of the tapestry::Error it throws ("" if none).

@@ -29,19 +29,6 @@ Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   return matmul(attn, v);
 }
 
-// The largest |a - b| / (1 + |b|); infinity on a NaN or a shape mismatch.
-double max_diff(const Tensor& a, const Tensor& b) {
-  if (a.sizes() != b.sizes()) return std::numeric_limits<double>::infinity();
-  std::vector<double> x = values(a), y = values(b);
-  double d = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double e = std::fabs(x[i] - y[i]) / (1.0 + std::fabs(y[i]));
-    if (std::isnan(e)) return std::numeric_limits<double>::infinity();
-    d = std::max(d, e);
-  }
-  return d;
-}
-
 // Builds q, k, v from the leaves (views of them, or the leaves themselves).
 using Build = std::function<TensorList(const TensorList&)>;
 const Build kIdentity = [](const TensorList& t) { return t; };

@@ -35,19 +35,6 @@ int64_t expected_parameters(const GPTConfig& c) {
   return V * D + B * D + c.layers * (4 * (D * D + D) + 2 * 2 * D + D * F + F + F * D + D) + 2 * D;
 }
 
-// The largest |a - b| / (1 + |b|); infinity on a shape mismatch or NaN.
-double max_diff(const Tensor& a, const Tensor& b) {
-  if (a.sizes() != b.sizes()) return std::numeric_limits<double>::infinity();
-  std::vector<double> x = values(a), y = values(b);
-  double d = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double e = std::fabs(x[i] - y[i]) / (1.0 + std::fabs(y[i]));
-    if (std::isnan(e)) return std::numeric_limits<double>::infinity();
-    d = std::max(d, e);
-  }
-  return d;
-}
-
 Tensor ids_tensor(const Ids& ids) { return tensor(ids, {1, static_cast<int64_t>(ids.size())}); }
 
 // Greedy continuation without the cache: the whole sequence runs through the model each step.

@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "apps/data/lm_tokenizer.h"
+#include "apps/data/text.h"
 #include "apps/tasks/language_model.h"
 #include "apps/train/trainer.h"
 #include "tapestry/nn/safetensors.h"

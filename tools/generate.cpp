@@ -52,12 +52,7 @@ Subcommand add_generate(CLI::App& app) {
     if (!f->dir.empty()) {
       lm = apps::load_language_model(f->dir);
     } else {
-      std::string dir = f->gpt2_dir;
-      if (dir.empty()) {
-        const char* env = std::getenv("TAPESTRY_GPT2_DIR");
-        const char* home = std::getenv("HOME");
-        dir = env ? env : std::string(home ? home : ".") + "/.cache/tapestry/gpt2";
-      }
+      const std::string dir = f->gpt2_dir.empty() ? apps::default_gpt2_dir() : f->gpt2_dir;
       lm.tokenizer = apps::gpt2_tokenizer(dir);
       lm.model = models::load_gpt2_hf(f->hf, f->heads);
     }
@@ -69,13 +64,15 @@ Subcommand add_generate(CLI::App& app) {
       for (int64_t id : tok.encode(text)) ids.push_back(id);
       return ids;
     };
-    // The continuation is decoded together with the prompt's tokens and printed past them: some
-    // tokenizers (SentencePiece) spell a word's leading space only inside a sequence.
-    auto continuation = [&](const std::vector<int64_t>& prompt, const std::vector<int64_t>& added) {
-      std::vector<int64_t> body(prompt.begin() + 1, prompt.end()), all = body;
+    // The continuation is decoded together with the prompt's tokens (body, which decodes to
+    // `before`) and printed past them: some tokenizers (SentencePiece) spell a word's leading
+    // space only inside a sequence.
+    auto continuation = [&](const std::vector<int64_t>& body, const std::string& before,
+                            const std::vector<int64_t>& added) {
+      std::vector<int64_t> all = body;
       for (int64_t id : added)
         if (id != tok.separator()) all.push_back(id);
-      const std::string before = tok.decode(body), text = tok.decode(all);
+      const std::string text = tok.decode(all);
       return text.compare(0, before.size(), before) == 0 ? text.substr(before.size()) : " " + tok.decode(added);
     };
     if (!f->input.empty()) {
@@ -83,20 +80,23 @@ Subcommand add_generate(CLI::App& app) {
       std::vector<std::vector<int64_t>> prompts;
       for (const auto& line : lines) prompts.push_back(encode(line));
       auto outs = models::generate(*lm.model, prompts, f->sample);
-      for (size_t i = 0; i < lines.size(); ++i)
-        std::printf("%s%s\n", lines[i].c_str(), continuation(prompts[i], outs[i]).c_str());
+      for (size_t i = 0; i < lines.size(); ++i) {
+        const std::vector<int64_t> body(prompts[i].begin() + 1, prompts[i].end());
+        std::printf("%s%s\n", lines[i].c_str(), continuation(body, tok.decode(body), outs[i]).c_str());
+      }
       return 0;
     }
     // Streaming: decode everything so far and print what is new, up to a whole UTF-8 character.
     std::printf("%s", f->prompt.c_str());
     std::fflush(stdout);
-    const std::vector<int64_t> prompt = encode(f->prompt);
+    const std::vector<int64_t> prompt = encode(f->prompt), body(prompt.begin() + 1, prompt.end());
+    const std::string before = tok.decode(body);
     std::vector<int64_t> added;
     size_t printed = 0;
     models::generate(*lm.model, {prompt}, f->sample, [&](size_t, int64_t id) {
       if (id == tok.separator()) return;
       added.push_back(id);
-      const std::string text = continuation(prompt, added);
+      const std::string text = continuation(body, before, added);
       const size_t ready = apps::complete_utf8_prefix(text);
       if (ready > printed) {
         std::fwrite(text.data() + printed, 1, ready - printed, stdout);

@@ -1,5 +1,6 @@
 // GPT-2 byte-level BPE (see gpt2_bpe.h).
 #include "apps/data/gpt2_bpe.h"
+#include "apps/data/text.h"
 
 #include <algorithm>
 #include <array>
@@ -53,39 +54,6 @@ Cls classify(int32_t cp) {
   return Cls::kOther;
 }
 
-struct Unit {
-  int32_t cp;  // -1: a byte that does not start a valid UTF-8 sequence
-  size_t len;  // bytes
-};
-
-// The code point that starts at byte i < s.size().
-Unit unit_at(const std::string& s, size_t i) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  const unsigned char c = p[i];
-  if (c < 0x80) return {c, 1};
-  size_t len;
-  uint32_t cp;
-  if ((c & 0xE0) == 0xC0) {
-    len = 2, cp = c & 0x1F;
-  } else if ((c & 0xF0) == 0xE0) {
-    len = 3, cp = c & 0x0F;
-  } else if ((c & 0xF8) == 0xF0) {
-    len = 4, cp = c & 0x07;
-  } else {
-    return {-1, 1};
-  }
-  if (i + len > n) return {-1, 1};
-  for (size_t k = 1; k < len; ++k) {
-    if ((p[i + k] & 0xC0) != 0x80) return {-1, 1};
-    cp = (cp << 6) | (p[i + k] & 0x3F);
-  }
-  if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-      (cp >= 0xD800 && cp <= 0xDFFF))
-    return {-1, 1};
-  return {static_cast<int32_t>(cp), len};
-}
-
 // The end of the pre-token that starts at byte i. The pattern's alternatives are tried in order,
 // so: a contraction; else an optional ' ' and a run of letters, of digits or of other characters
 // (the ' ' is taken only when such a character follows it); else whitespace, of which a run
@@ -95,7 +63,7 @@ size_t pretoken_end(const std::string& s, size_t i) {
   const size_t n = s.size();
   auto run = [&](size_t k, Cls cls) {
     while (k < n) {
-      Unit u = unit_at(s, k);
+      Utf8Char u = utf8_char_at(s, k);
       if (classify(u.cp) != cls) break;
       k += u.len;
     }
@@ -112,14 +80,14 @@ size_t pretoken_end(const std::string& s, size_t i) {
     }
   }
   if (c == ' ' && i + 1 < n) {
-    const Cls next = classify(unit_at(s, i + 1).cp);
+    const Cls next = classify(utf8_char_at(s, i + 1).cp);
     if (next != Cls::kSpace) return run(i + 1, next);
   }
-  const Cls cls = classify(unit_at(s, i).cp);
+  const Cls cls = classify(utf8_char_at(s, i).cp);
   if (cls != Cls::kSpace) return run(i, cls);
   size_t k = i, last = i;  // last: where the run's last character starts
   while (k < n) {
-    Unit u = unit_at(s, k);
+    Utf8Char u = utf8_char_at(s, k);
     if (classify(u.cp) != Cls::kSpace) break;
     last = k;
     k += u.len;
@@ -152,7 +120,7 @@ std::string token_bytes(const std::string& token, const std::string& where) {
   TP_CHECK(!token.empty(), "{}: empty token", where);
   std::string bytes;
   for (size_t i = 0; i < token.size();) {
-    Unit u = unit_at(token, i);
+    Utf8Char u = utf8_char_at(token, i);
     TP_CHECK(u.cp >= 0 && u.cp < static_cast<int32_t>(byte_of.size()) && byte_of[u.cp] >= 0,
              "{}: token {} has a character outside GPT-2's byte alphabet", where, quote_text(token));
     bytes.push_back(static_cast<char>(byte_of[u.cp]));

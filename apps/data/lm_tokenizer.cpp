@@ -1,6 +1,8 @@
 // The language-model tokenizers (see lm_tokenizer.h).
 #include "apps/data/lm_tokenizer.h"
 
+#include <cstdlib>
+
 #include "apps/data/gpt2_bpe.h"
 #include "apps/data/subword.h"
 #include "tapestry/ops/error.h"
@@ -8,6 +10,23 @@
 namespace tapestry::apps {
 
 namespace {
+
+// ids with `separator` between lines: each run decoded by decode_run, the runs joined by "\n"
+// (for tokenizers whose own decode drops or spells out the separator).
+template <class DecodeRun>
+std::string decode_lines(const std::vector<int64_t>& ids, int64_t separator, const DecodeRun& decode_run) {
+  std::string s;
+  std::vector<int64_t> run;
+  for (int64_t id : ids) {
+    if (id == separator) {
+      s += decode_run(run) + "\n";
+      run.clear();
+    } else {
+      run.push_back(id);
+    }
+  }
+  return s + decode_run(run);
+}
 
 class ByteTokenizer : public LMTokenizer {
  public:
@@ -35,18 +54,8 @@ class SentencePieceTokenizer : public LMTokenizer {
   explicit SentencePieceTokenizer(const std::string& path) : sp_(path) {}
   std::vector<int64_t> encode(const std::string& text) const override { return sp_.encode(text); }
   std::string decode(const std::vector<int64_t>& ids) const override {
-    // Subword::decode drops the special ids: decode line by line, joined by newlines.
-    std::string s;
-    std::vector<int64_t> line;
-    for (int64_t id : ids) {
-      if (id == Subword::kEos) {
-        s += sp_.decode(line) + "\n";
-        line.clear();
-      } else {
-        line.push_back(id);
-      }
-    }
-    return s + sp_.decode(line);
+    // Subword::decode drops the special ids, the separator (eos) included.
+    return decode_lines(ids, Subword::kEos, [this](const std::vector<int64_t>& run) { return sp_.decode(run); });
   }
   int64_t vocab_size() const override { return sp_.vocab_size(); }
   int64_t separator() const override { return Subword::kEos; }
@@ -61,17 +70,8 @@ class Gpt2LMTokenizer : public LMTokenizer {
   explicit Gpt2LMTokenizer(const std::string& dir) : bpe_(Gpt2Tokenizer::load(dir)) {}
   std::vector<int64_t> encode(const std::string& text) const override { return bpe_.encode(text); }
   std::string decode(const std::vector<int64_t>& ids) const override {
-    std::string s;
-    std::vector<int64_t> run;
-    for (int64_t id : ids) {
-      if (id == bpe_.eot()) {
-        s += bpe_.decode(run) + "\n";
-        run.clear();
-      } else {
-        run.push_back(id);
-      }
-    }
-    return s + bpe_.decode(run);
+    // Gpt2Tokenizer::decode spells eot out as "<|endoftext|>".
+    return decode_lines(ids, bpe_.eot(), [this](const std::vector<int64_t>& run) { return bpe_.decode(run); });
   }
   int64_t vocab_size() const override { return bpe_.vocab_size(); }
   int64_t separator() const override { return bpe_.eot(); }
@@ -89,16 +89,10 @@ std::unique_ptr<LMTokenizer> sentencepiece_tokenizer(const std::string& path) {
 }
 std::unique_ptr<LMTokenizer> gpt2_tokenizer(const std::string& dir) { return std::make_unique<Gpt2LMTokenizer>(dir); }
 
-size_t complete_utf8_prefix(const std::string& text) {
-  // Walk back over at most 3 continuation bytes to the last lead byte; keep it only if its
-  // sequence is complete.
-  size_t n = text.size(), i = n;
-  int back = 0;
-  while (i > 0 && back < 4 && (static_cast<unsigned char>(text[i - 1]) & 0xC0) == 0x80) --i, ++back;
-  if (i == 0) return back ? 0 : n;
-  const unsigned char lead = static_cast<unsigned char>(text[i - 1]);
-  const size_t need = lead < 0x80 ? 1 : (lead >> 5) == 6 ? 2 : (lead >> 4) == 14 ? 3 : (lead >> 3) == 30 ? 4 : 1;
-  return n - (i - 1) >= need ? n : i - 1;
+std::string default_gpt2_dir() {
+  if (const char* dir = std::getenv("TAPESTRY_GPT2_DIR")) return dir;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/tapestry/gpt2";
 }
 
 }  // namespace tapestry::apps

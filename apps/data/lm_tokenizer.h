@@ -28,7 +28,8 @@ std::unique_ptr<LMTokenizer> sentencepiece_tokenizer(const std::string& model_pa
 // GPT-2's vocabulary files in dir (tools/get-gpt2-tokenizer.sh); <|endoftext|> separates.
 std::unique_ptr<LMTokenizer> gpt2_tokenizer(const std::string& dir);
 
-// The prefix of `text` that ends on a whole UTF-8 character (for streaming bytes as they come).
-size_t complete_utf8_prefix(const std::string& text);
+// Where gpt2 looks for its files by default: $TAPESTRY_GPT2_DIR, else ~/.cache/tapestry/gpt2
+// (where tools/get-gpt2-tokenizer.sh puts them).
+std::string default_gpt2_dir();
 
 }  // namespace tapestry::apps

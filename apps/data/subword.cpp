@@ -6,12 +6,32 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/ops/error.h"
 
 namespace tapestry::apps {
+
+std::string Subword::train_in_folder(const std::string& dir, int64_t vocab_size, int64_t limit, uint64_t seed,
+                                     const std::string& data,
+                                     const std::function<std::vector<std::string>()>& sentences) {
+  const std::string path = dir + "/spm.model", recipe_path = dir + "/spm.recipe";
+  const std::string recipe =
+      fmt::format("vocab_size = {}\nlimit = {}\nseed = {}\ndata = {}\n", vocab_size, limit, seed, data);
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec) && std::filesystem::is_regular_file(recipe_path, ec)) {
+    std::ifstream in(recipe_path);
+    const std::string recorded((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (recorded == recipe) return path;
+  }
+  std::filesystem::remove(recipe_path, ec);
+  train(sentences(), path, vocab_size, seed);
+  nn::write_file_atomic(recipe_path, recipe);
+  return path;
+}
 
 void Subword::train(const std::vector<std::string>& sentences, const std::string& model_path, int64_t vocab_size,
                     uint64_t seed) {

@@ -2,6 +2,7 @@
 // both sides of the training text, with fixed special ids pad 0, unk 1, bos 2, eos 3.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,12 @@ class Subword {
   // temp file and rename). Throws a tapestry::Error with SentencePiece's message on failure.
   static void train(const std::vector<std::string>& sentences, const std::string& model_path, int64_t vocab_size,
                     uint64_t seed = 1);
+  // A run folder's subword model: trains DIR/spm.model from sentences() unless it is there with a
+  // DIR/spm.recipe that records the same vocab_size, limit, seed and data, then writes that
+  // recipe; a model trained from anything else is trained again. Returns the model's path.
+  static std::string train_in_folder(const std::string& dir, int64_t vocab_size, int64_t limit, uint64_t seed,
+                                     const std::string& data,
+                                     const std::function<std::vector<std::string>()>& sentences);
   explicit Subword(const std::string& model_path);
   ~Subword();
   std::vector<int64_t> encode(const std::string& text) const;

@@ -11,37 +11,52 @@
 
 namespace tapestry::apps {
 
-long invalid_utf8_at(const std::string& s) {
+Utf8Char utf8_char_at(const std::string& s, size_t i) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  for (size_t i = 0; i < n;) {
-    unsigned char c = p[i];
-    size_t len;
-    uint32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      len = 2, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, cp = c & 0x07;
-    } else {
-      return static_cast<long>(i);
-    }
-    if (i + len > n) return static_cast<long>(i);
-    for (size_t k = 1; k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) return static_cast<long>(i);
-      cp = (cp << 6) | (p[i + k] & 0x3F);
-    }
-    // overlong forms, surrogates and code points past U+10FFFF are invalid too
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-      return static_cast<long>(i);
-    i += len;
+  const unsigned char c = p[i];
+  if (c < 0x80) return {c, 1};
+  size_t len;
+  uint32_t cp;
+  if ((c & 0xE0) == 0xC0) {
+    len = 2, cp = c & 0x1F;
+  } else if ((c & 0xF0) == 0xE0) {
+    len = 3, cp = c & 0x0F;
+  } else if ((c & 0xF8) == 0xF0) {
+    len = 4, cp = c & 0x07;
+  } else {
+    return {-1, 1};
+  }
+  if (i + len > s.size()) return {-1, 1};
+  for (size_t k = 1; k < len; ++k) {
+    if ((p[i + k] & 0xC0) != 0x80) return {-1, 1};
+    cp = (cp << 6) | (p[i + k] & 0x3F);
+  }
+  // overlong forms, surrogates and code points past U+10FFFF are invalid too
+  if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+      (cp >= 0xD800 && cp <= 0xDFFF))
+    return {-1, 1};
+  return {static_cast<int32_t>(cp), len};
+}
+
+long invalid_utf8_at(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const Utf8Char u = utf8_char_at(s, i);
+    if (u.cp < 0) return static_cast<long>(i);
+    i += u.len;
   }
   return -1;
+}
+
+size_t complete_utf8_prefix(const std::string& text) {
+  // Walk back over at most 3 continuation bytes to the last lead byte; keep it only if its
+  // sequence is complete.
+  size_t n = text.size(), i = n;
+  int back = 0;
+  while (i > 0 && back < 4 && (static_cast<unsigned char>(text[i - 1]) & 0xC0) == 0x80) --i, ++back;
+  if (i == 0) return back ? 0 : n;
+  const unsigned char lead = static_cast<unsigned char>(text[i - 1]);
+  const size_t need = lead < 0x80 ? 1 : (lead >> 5) == 6 ? 2 : (lead >> 4) == 14 ? 3 : (lead >> 3) == 30 ? 4 : 1;
+  return n - (i - 1) >= need ? n : i - 1;
 }
 
 namespace {

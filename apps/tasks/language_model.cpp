@@ -96,29 +96,6 @@ class LMData : public DataSource {
   std::vector<int64_t> starts_;
 };
 
-// Trains (or reuses) the SentencePiece model of the run folder; spm.recipe says what it was
-// trained from, and a model from anything else is trained again.
-void prepare_sentencepiece(const LMOptions& o, const std::vector<std::string>& lines, const std::string& data) {
-  const std::string path = o.out_dir + "/spm.model", recipe_path = o.out_dir + "/spm.recipe";
-  const std::string recipe =
-      fmt::format("vocab_size = {}\nlimit = {}\nseed = {}\ndata = {}\n", o.vocab_size, o.limit, o.seed, data);
-  if (file_exists(path) && file_exists(recipe_path)) {
-    std::ifstream in(recipe_path);
-    std::string recorded((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (recorded == recipe) return;
-  }
-  std::error_code ec;
-  std::filesystem::remove(recipe_path, ec);
-  Subword::train(lines, path, o.vocab_size, o.seed);
-  nn::write_file_atomic(recipe_path, recipe);
-}
-
-std::string default_gpt2_dir() {
-  if (const char* d = std::getenv("TAPESTRY_GPT2_DIR")) return d;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : ".") + "/.cache/tapestry/gpt2";
-}
-
 void write_ids(const std::string& path, const std::vector<int32_t>& ids) {
   nn::write_file_atomic(path, std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int32_t)));
 }
@@ -193,8 +170,8 @@ LMResult train_language_model(const LMOptions& o) {
   if (o.tokenizer == "byte") {
     tok = byte_tokenizer();
   } else if (o.tokenizer == "sentencepiece") {
-    prepare_sentencepiece(o, train_lines, train_path);
-    tok = sentencepiece_tokenizer(o.out_dir + "/spm.model");
+    tok = sentencepiece_tokenizer(Subword::train_in_folder(o.out_dir, o.vocab_size, o.limit, o.seed, train_path,
+                                                           [&] { return train_lines; }));
   } else {
     // A copy of the vocabulary files goes into the run folder, so that it stands alone.
     const std::string src = o.gpt2_dir.empty() ? default_gpt2_dir() : o.gpt2_dir, dst = o.out_dir + "/gpt2";

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <tuple>
 
@@ -182,27 +181,14 @@ TranslationResult train_translation(const TranslationOptions& o) {
   manual_seed(o.seed);
   AnomalyGuard anomaly(o.detect_anomaly);
 
-  // Joint subword model on both sides of the (possibly limited) training text. spm.recipe says
-  // what it was trained from; a model trained from anything else is trained again.
-  const std::string spm_path = o.out_dir + "/spm.model", spm_recipe_path = o.out_dir + "/spm.recipe";
-  const std::string spm_recipe = fmt::format("vocab_size = {}\nlimit = {}\nseed = {}\ndata = {}\n", o.vocab_size,
-                                             o.limit, o.seed, dir);
-  bool spm_current = false;
-  if (file_exists(spm_path) && file_exists(spm_recipe_path)) {
-    std::ifstream in(spm_recipe_path);
-    std::string recorded((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    spm_current = recorded == spm_recipe;
-  }
-  if (!spm_current) {
-    std::error_code ec;
-    std::filesystem::remove(spm_recipe_path, ec);
+  // Joint subword model on both sides of the (possibly limited) training text.
+  const std::string spm_path = Subword::train_in_folder(o.out_dir, o.vocab_size, o.limit, o.seed, dir, [&] {
     std::vector<std::string> text;
     size_t n = o.limit > 0 ? std::min<size_t>(train.src.size(), static_cast<size_t>(o.limit)) : train.src.size();
     text.insert(text.end(), train.src.begin(), train.src.begin() + n);
     text.insert(text.end(), train.tgt.begin(), train.tgt.begin() + n);
-    Subword::train(text, spm_path, o.vocab_size, o.seed);
-    nn::write_file_atomic(spm_recipe_path, spm_recipe);
-  }
+    return text;
+  });
   Subword sp(spm_path);
   const int64_t V = sp.vocab_size();
   Encoded tr = encode(sp, train, o.limit, o.max_tokens), va = encode(sp, val, o.eval_limit, o.max_tokens);

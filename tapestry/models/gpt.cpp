@@ -108,7 +108,7 @@ void GPT::check_ids(const Tensor& ids, const GPTCache* cache) const {
 
 Tensor GPT::forward(const Tensor& ids, GPTCache* cache, const Tensor& positions, const Tensor& mask) {
   check_ids(ids, cache);
-  const int64_t B = ids.size(0), T = ids.size(1), past = cache ? cache->length() : 0;
+  const int64_t T = ids.size(1), past = cache ? cache->length() : 0;
   Tensor pos;
   if (positions.defined()) {
     TP_CHECK(positions.dtype() == DType::Int64 && positions.sizes() == ids.sizes(),
@@ -130,7 +130,6 @@ Tensor GPT::forward(const Tensor& ids, GPTCache* cache, const Tensor& positions,
   if (cache && cache->layers.empty()) cache->layers.resize(blocks->size());
   for (size_t i = 0; i < blocks->size(); ++i)
     x = blocks->at<GPTBlock>(i)->forward(x, attn_mask, causal, cache ? &cache->layers[i] : nullptr);
-  (void)B;
   return head->forward(ln_f->forward(x));
 }
 

@@ -391,46 +391,33 @@ double InverseSqrtSchedule::lr(int64_t step) const {
 }
 
 namespace {
-
 constexpr double kPi = 3.14159265358979323846;
-
-// CosineSchedule's and LinearSchedule's checks, naming the schedule.
-void check_warmup_decay(const char* name, double peak, int64_t warmup, int64_t total, double min_lr) {
-  TP_CHECK(std::isfinite(peak) && peak > 0, "{}: peak_lr must be positive, got {}", name, peak);
-  TP_CHECK(min_lr >= 0 && min_lr <= peak, "{}: min_lr must be in [0, peak_lr = {}], got {}", name, peak, min_lr);
-  TP_CHECK(total > 0, "{}: total must be positive, got {}", name, total);
-  TP_CHECK(warmup >= 0 && warmup <= total, "{}: warmup must be in [0, total = {}], got {}", name, total, warmup);
-}
-
-// The warmup, then decay(fraction of the decay done, in [0, 1]) from peak to min_lr, then min_lr.
-template <class Decay>
-double warmup_decay_lr(int64_t step, double peak, int64_t warmup, int64_t total, double min_lr, Decay decay) {
-  const int64_t s = std::max<int64_t>(step, 1);
-  if (s <= warmup) return peak * static_cast<double>(s) / static_cast<double>(warmup);
-  if (s > total) return min_lr;  // also covers warmup == total
-  const double frac = static_cast<double>(s - warmup) / static_cast<double>(total - warmup);
-  return min_lr + decay(frac) * (peak - min_lr);
-}
-
 }  // namespace
 
-CosineSchedule::CosineSchedule(double peak, int64_t w, int64_t t, double min)
+WarmupDecaySchedule::WarmupDecaySchedule(const char* name, double peak, int64_t w, int64_t t, double min)
     : peak_lr(peak), warmup(w), total(t), min_lr(min) {
-  check_warmup_decay("CosineSchedule", peak, w, t, min);
+  TP_CHECK(std::isfinite(peak) && peak > 0, "{}: peak_lr must be positive, got {}", name, peak);
+  TP_CHECK(min >= 0 && min <= peak, "{}: min_lr must be in [0, peak_lr = {}], got {}", name, peak, min);
+  TP_CHECK(t > 0, "{}: total must be positive, got {}", name, t);
+  TP_CHECK(w >= 0 && w <= t, "{}: warmup must be in [0, total = {}], got {}", name, t, w);
 }
 
-double CosineSchedule::lr(int64_t step) const {
-  return warmup_decay_lr(step, peak_lr, warmup, total, min_lr,
-                         [](double frac) { return 0.5 * (1.0 + std::cos(kPi * frac)); });
+double WarmupDecaySchedule::lr(int64_t step) const {
+  const int64_t s = std::max<int64_t>(step, 1);
+  if (s <= warmup) return peak_lr * static_cast<double>(s) / static_cast<double>(warmup);
+  if (s > total) return min_lr;  // also covers warmup == total
+  const double frac = static_cast<double>(s - warmup) / static_cast<double>(total - warmup);
+  return min_lr + remaining(frac) * (peak_lr - min_lr);
 }
+
+CosineSchedule::CosineSchedule(double peak, int64_t w, int64_t t, double min)
+    : WarmupDecaySchedule("CosineSchedule", peak, w, t, min) {}
+
+double CosineSchedule::remaining(double frac) const { return 0.5 * (1.0 + std::cos(kPi * frac)); }
 
 LinearSchedule::LinearSchedule(double peak, int64_t w, int64_t t, double min)
-    : peak_lr(peak), warmup(w), total(t), min_lr(min) {
-  check_warmup_decay("LinearSchedule", peak, w, t, min);
-}
+    : WarmupDecaySchedule("LinearSchedule", peak, w, t, min) {}
 
-double LinearSchedule::lr(int64_t step) const {
-  return warmup_decay_lr(step, peak_lr, warmup, total, min_lr, [](double frac) { return 1.0 - frac; });
-}
+double LinearSchedule::remaining(double frac) const { return 1.0 - frac; }
 
 }  // namespace tapestry::optim

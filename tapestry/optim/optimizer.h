@@ -163,28 +163,38 @@ class InverseSqrtSchedule : public Schedule {
 };
 
 // nanoGPT's get_lr, step counting from 1: linear warmup peak_lr * step / warmup for
-// step <= warmup (warmup 0: none), then a half cosine from peak_lr at step = warmup down to
-// min_lr at step = total, and min_lr after total:
-//   min_lr + (peak_lr - min_lr) * (1 + cos(pi * (step - warmup) / (total - warmup))) / 2.
-// Needs peak_lr > 0, 0 <= min_lr <= peak_lr, 0 <= warmup <= total and total > 0.
-class CosineSchedule : public Schedule {
+// step <= warmup (warmup 0: none), then a decay from peak_lr at step = warmup down to min_lr at
+// step = total, and min_lr after total. Needs peak_lr > 0, 0 <= min_lr <= peak_lr,
+// 0 <= warmup <= total and total > 0. The decay's shape is the subclass's.
+class WarmupDecaySchedule : public Schedule {
  public:
-  CosineSchedule(double peak_lr, int64_t warmup, int64_t total, double min_lr = 0);
   double lr(int64_t step) const override;
   double peak_lr;
   int64_t warmup, total;
   double min_lr;
+
+ protected:
+  WarmupDecaySchedule(const char* name, double peak_lr, int64_t warmup, int64_t total, double min_lr);
+  // The share of (peak_lr - min_lr) left once `frac` (in [0, 1]) of the decay is done.
+  virtual double remaining(double frac) const = 0;
 };
 
-// As CosineSchedule, with a straight line from peak_lr at step = warmup to min_lr at step = total:
-//   min_lr + (peak_lr - min_lr) * (1 - (step - warmup) / (total - warmup)).
-class LinearSchedule : public Schedule {
+// A half cosine: min_lr + (peak_lr - min_lr) * (1 + cos(pi * (step - warmup) / (total - warmup))) / 2.
+class CosineSchedule : public WarmupDecaySchedule {
+ public:
+  CosineSchedule(double peak_lr, int64_t warmup, int64_t total, double min_lr = 0);
+
+ protected:
+  double remaining(double frac) const override;
+};
+
+// A straight line: min_lr + (peak_lr - min_lr) * (1 - (step - warmup) / (total - warmup)).
+class LinearSchedule : public WarmupDecaySchedule {
  public:
   LinearSchedule(double peak_lr, int64_t warmup, int64_t total, double min_lr = 0);
-  double lr(int64_t step) const override;
-  double peak_lr;
-  int64_t warmup, total;
-  double min_lr;
+
+ protected:
+  double remaining(double frac) const override;
 };
 
 }  // namespace tapestry::optim

@@ -48,16 +48,7 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha
               beta, c, static_cast<int>(ldc));
 }
 
-// The same hash as kernels::dropout (elementwise.cpp): keep element `index` when the top 24 bits
-// of its hash reach the threshold.
-inline uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
+// kernels::dropout's mask (cpu::dropout_keeps) over the flat index of the [BH, Tq, Tk] probabilities.
 struct DropoutMask {
   bool on = false;
   uint32_t key = 0, threshold = 0;
@@ -65,14 +56,11 @@ struct DropoutMask {
   DropoutMask(double p, uint64_t seed) {
     if (p <= 0) return;
     on = true;
-    threshold = static_cast<uint32_t>(p * 16777216.0 + 0.5);
+    threshold = cpu::dropout_threshold(p);
     scale = 1.0 / (1.0 - p);
-    key = mix32(static_cast<uint32_t>(seed) ^ mix32(static_cast<uint32_t>(seed >> 32) + 0x9e3779b9U));
+    key = cpu::dropout_key(seed);
   }
-  bool keep(int64_t index) const {
-    uint32_t h = mix32(static_cast<uint32_t>(index) * 0x9e3779b9U ^ key);
-    return (h >> 8) >= threshold;
-  }
+  bool keep(int64_t index) const { return cpu::dropout_keeps(static_cast<uint32_t>(index), key, threshold); }
 };
 
 // Where one (batch..., head) slice of each operand starts: q, k, v, out and mask share the

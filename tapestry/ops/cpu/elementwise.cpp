@@ -338,25 +338,12 @@ void random_fill(const char* op, const Tensor& dst, Draw draw) {
 }  // namespace
 
 namespace {
-// A 32-bit integer hash (lowbias32, by Chris Wellons) of (seed, counter): 32-bit multiplies
-// vectorize on every x86, 64-bit ones do not.
-inline uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
-// A plain function (not a lambda) so that GCC vectorizes it: element start + k keeps when the
-// top 24 bits of its hash reach the threshold.
+// A plain function (not a lambda) so that GCC vectorizes it (cpu::dropout_keeps, loops.h).
 template <class T>
 void dropout_run(const T* x, T* out, int64_t n, uint32_t start, uint32_t key, uint32_t threshold, T scale) {
 #pragma omp simd
-  for (int64_t k = 0; k < n; ++k) {
-    uint32_t h = mix32((start + static_cast<uint32_t>(k)) * 0x9e3779b9U ^ key);
-    out[k] = x[k] * ((h >> 8) >= threshold ? scale : T(0));
-  }
+  for (int64_t k = 0; k < n; ++k)
+    out[k] = x[k] * (cpu::dropout_keeps(start + static_cast<uint32_t>(k), key, threshold) ? scale : T(0));
 }
 }  // namespace
 
@@ -365,14 +352,13 @@ Tensor dropout(const Tensor& x_in, double p, uint64_t seed) {
   check_device("dropout", x_in);
   Tensor x = contiguous(x_in);
   Tensor out = empty(x.sizes(), x.dtype());
-  // keep when the top 24 bits of the hash are >= p * 2^24
-  const uint32_t threshold = static_cast<uint32_t>(p * 16777216.0 + 0.5);
+  const uint32_t threshold = cpu::dropout_threshold(p);
   dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* px = x.data_ptr<T>();
     T* po = out.data_ptr<T>();
     const T scale = static_cast<T>(1.0 / (1.0 - p));
-    const uint32_t key = mix32(static_cast<uint32_t>(seed) ^ mix32(static_cast<uint32_t>(seed >> 32) + 0x9e3779b9U));
+    const uint32_t key = cpu::dropout_key(seed);
     cpu::parallel_for(0, x.numel(), cpu::kGrainSize, [&](int64_t b, int64_t e) {
       dropout_run(px + b, po + b, e - b, static_cast<uint32_t>(b), key, threshold, scale);
     });

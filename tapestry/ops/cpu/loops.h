@@ -49,6 +49,27 @@ inline float vexp(float x) {
 }
 inline double vexp(double x) { return std::exp(x); }
 
+// Dropout's mask as a counter-based hash: element `index` of a dropout with seed s is kept when
+// the top 24 bits of a 32-bit hash (lowbias32, by Chris Wellons) of (index, key(s)) reach
+// threshold(p). Both kernels::dropout and the fused attention's dropout use it, so they drop the
+// same elements, and a backward regenerates a mask from its seed instead of storing it. 32-bit
+// multiplies vectorize on every x86, 64-bit ones do not.
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+inline uint32_t dropout_key(uint64_t seed) {
+  return mix32(static_cast<uint32_t>(seed) ^ mix32(static_cast<uint32_t>(seed >> 32) + 0x9e3779b9U));
+}
+inline uint32_t dropout_threshold(double p) { return static_cast<uint32_t>(p * 16777216.0 + 0.5); }
+inline bool dropout_keeps(uint32_t index, uint32_t key, uint32_t threshold) {
+  return (mix32(index * 0x9e3779b9U ^ key) >> 8) >= threshold;
+}
+
 // Below this many elements an op runs on one thread: spawning costs more than it saves.
 constexpr int64_t kGrainSize = 32768;
 

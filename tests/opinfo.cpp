@@ -491,6 +491,8 @@ std::vector<OpInfo> build_table() {
   entry("sigmoid", "torch.sigmoid(a)", one([](X x) { return sigmoid(x[0]); }), {true},
         {unary_samples(Dom::Real, false)});
   entry("gelu", "F.gelu(a)", one([](X x) { return gelu(x[0]); }), {true}, {unary_samples(Dom::Real, false)});
+  entry("gelu_tanh", "F.gelu(a, approximate='tanh')", one([](X x) { return gelu(x[0], "tanh"); }), {true},
+        {unary_samples(Dom::Real, false)});
   entry("relu", "torch.relu(a)", one([](X x) { return relu(x[0]); }), {true},
         {unary_samples(Dom::Real, true, {0.0, -0.0, 0.0})});
   entry("abs", "torch.abs(a)", one([](X x) { return abs(x[0]); }), {true},
@@ -1309,6 +1311,7 @@ Program random_program(std::mt19937_64& rng) {
             {"tanh", "torch.tanh(@)", [](const Tensor& x) { return tanh(x); }, true, false},
             {"sigmoid", "torch.sigmoid(@)", [](const Tensor& x) { return sigmoid(x); }, true, false},
             {"gelu", "F.gelu(@)", [](const Tensor& x) { return gelu(x); }, true, false},
+            {"gelu_tanh", "F.gelu(@, approximate='tanh')", [](const Tensor& x) { return gelu(x, "tanh"); }, true, false},
             {"neg", "torch.neg(@)", [](const Tensor& x) { return neg(x); }, true, false},
             {"relu", "torch.relu(@)", [](const Tensor& x) { return relu(x); }, false, false},
             {"abs", "torch.abs(@)", [](const Tensor& x) { return abs(x); }, false, false},

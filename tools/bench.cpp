@@ -3,6 +3,9 @@
 // step, the Trainer's step) as the median over `steps` after `warmup`, target tokens/s and achieved GFLOP/s;
 // forward-only time; greedy decoding tokens/s with the KV cache; sgemm GFLOP/s of our matmul on
 // the workload's feed-forward shape (B*T x D) @ (D x d_ff); and peak RSS. tools/reference/bench_torch.py measures the same.
+// The `lm` workload is the GPT language model's default recipe instead (config mini, block 64,
+// batch 32, vocabulary 4000, AdamW with parameter groups, clipping 1): train step, forward and
+// sampled decoding with the KV cache; tools/lm-compare.sh is its same-budget comparison with PyTorch.
 #include "tools/bench.h"
 #include "tools/cli.h"
 
@@ -11,10 +14,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <thread>
 
 #include "apps/train/trainer.h"
+#include "tapestry/models/gpt.h"
 #include "tapestry/models/transformer.h"
 #include "tapestry/ops/profile.h"
 #include "tapestry/optim/optimizer.h"
@@ -62,6 +67,96 @@ double peak_rss_mib() {
   return static_cast<double>(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
+// Per-op times over `o.steps` more calls of `step`, printed to stdout (stderr with --json).
+void print_profile(const BenchOptions& o, const std::function<void()>& step) {
+  profile::reset();
+  profile::set_enabled(true);
+  double t0 = now_ms();
+  for (int s = 0; s < o.steps; ++s) step();
+  double total = (now_ms() - t0) / o.steps;
+  profile::set_enabled(false);
+  FILE* to = o.json ? stderr : stdout;  // --json keeps stdout to one JSON line
+  std::fprintf(to, "profile: %.1f ms per train step; forward kernels by op, backward by node (outermost scope):\n",
+               total);
+  double seen = 0;
+  for (auto& [name, e] : profile::report()) {
+    double per = e.ms / o.steps;
+    seen += per;
+    if (per >= 0.05 * total / 100)
+      std::fprintf(to, "  %-26s %9.2f ms %6.1f%% %8lld calls\n", name.c_str(), per, 100 * per / total,
+                   (long long)(e.calls / o.steps));
+  }
+  std::fprintf(to, "  %-26s %9.2f ms %6.1f%%\n", "(engine, allocation, rest)", total - seen,
+               100 * (total - seen) / total);
+}
+
+// The GPT language model's train step (the `lm` workload).
+int run_lm_bench(const BenchOptions& o, int threads) {
+  const int64_t vocab = 4000, block = 64, batch = 32;
+  models::GPTConfig c = models::GPTConfig::named("mini", vocab);
+  c.block_size = block, c.dropout = 0.1;
+  models::GPT model(c);
+  optim::AdamOptions ao;
+  ao.lr = 2e-3, ao.beta1 = 0.9, ao.beta2 = 0.95, ao.eps = 1e-8, ao.weight_decay = 0.1;
+  optim::AdamW adamw({{model.decay_parameters(), std::nullopt, 0.1}, {model.no_decay_parameters(), std::nullopt, 0.0}},
+                     ao);
+  Generator data(42);
+  Tensor ids = randint(0, vocab, {batch, block + 1}, DType::Int64, &data);
+  Tensor x = ids.slice(1, 0, block).contiguous(), y = ids.slice(1, 1, block + 1).contiguous();
+  apps::TrainerOptions to;
+  to.progress = false, to.clip_norm = 1.0;
+  apps::Trainer trainer(model, adamw, nullptr, to);
+  const std::vector<apps::TrainBatch> step_batch = {{batch * block, [&] { return model.loss(x, y); }}};
+  std::vector<double> train_ms;
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    double t0 = now_ms();
+    trainer.step(step_batch);
+    if (s >= o.warmup) train_ms.push_back(now_ms() - t0);
+  }
+  if (o.profile) print_profile(o, [&] { trainer.step(step_batch); });
+  std::vector<double> fwd_ms;
+  for (int s = 0; s < std::max(3, o.steps / 2); ++s) {
+    NoGradGuard no_grad;
+    double t0 = now_ms();
+    Tensor logits = model.forward(x);
+    fwd_ms.push_back(now_ms() - t0);
+  }
+  // Sampled decoding: `batch` one-token prompts, block - 1 new tokens each, with the KV cache.
+  model.eval();
+  models::SampleOptions so;
+  so.max_new = block - 1, so.seed = 7;
+  std::vector<std::vector<int64_t>> prompts(batch, std::vector<int64_t>{1});
+  double d0 = now_ms();
+  auto out = models::generate(model, prompts, so);
+  double decode_ms = now_ms() - d0;
+  int64_t decoded = 0;
+  for (auto& r : out) decoded += static_cast<int64_t>(r.size()) - 1;
+  model.train();
+
+  const double step_ms = median(train_ms), tokens = static_cast<double>(batch * block);
+  const double tok_s = tokens / (step_ms / 1000), dec_tok_s = decoded / (decode_ms / 1000);
+  const double mn = *std::min_element(train_ms.begin(), train_ms.end());
+  const double mx = *std::max_element(train_ms.begin(), train_ms.end());
+  if (o.json) {
+    std::printf("{\"impl\": \"tapestry\", \"workload\": \"lm\", \"threads\": %d, \"train_ms_median\": %.3f, "
+                "\"train_ms_min\": %.3f, \"train_ms_max\": %.3f, \"tgt_tokens_per_s\": %.1f, \"forward_ms_median\": "
+                "%.3f, \"decode_tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, \"params\": %lld}\n",
+                threads, step_ms, mn, mx, tok_s, median(fwd_ms), dec_tok_s, peak_rss_mib(),
+                static_cast<long long>(model.num_parameters()));
+    return 0;
+  }
+  std::printf("workload lm: GPT mini (%lld layers, %lld heads, d_model %lld), vocab %lld, batch %lldx%lld, "
+              "%lld parameters, %d threads\n",
+              (long long)c.layers, (long long)c.heads, (long long)c.d_model, (long long)vocab, (long long)batch,
+              (long long)block, (long long)model.num_parameters(), threads);
+  std::printf("train step        %8.2f ms median (min %.2f, max %.2f, %d steps)\n", step_ms, mn, mx, o.steps);
+  std::printf("train tokens/s    %8.0f\n", tok_s);
+  std::printf("forward           %8.2f ms median\n", median(fwd_ms));
+  std::printf("sampled decode    %8.0f tokens/s (KV cache, %lld tokens)\n", dec_tok_s, (long long)decoded);
+  std::printf("peak RSS          %8.1f MiB\n", peak_rss_mib());
+  return 0;
+}
+
 }  // namespace
 
 int run_bench(const BenchOptions& o) {
@@ -76,12 +171,13 @@ int run_bench(const BenchOptions& o) {
       std::printf("fp32 FMA peak (%s): %.1f GFLOP/s on 1 thread, %.1f GFLOP/s on %d threads\n", isa, g1, gn, threads);
     return 0;
   }
-  auto it = workloads().find(o.workload);
-  TP_CHECK(it != workloads().end(), "bench: unknown workload '{}' (expected copy, small or base)", o.workload);
-  const Workload w = it->second;
   int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   set_num_threads(threads);
   manual_seed(1234);
+  if (o.workload == "lm") return run_lm_bench(o, threads);
+  auto it = workloads().find(o.workload);
+  TP_CHECK(it != workloads().end(), "bench: unknown workload '{}' (expected copy, small, base or lm)", o.workload);
+  const Workload w = it->second;
   Generator data(42);
 
   models::TransformerConfig c;
@@ -111,27 +207,7 @@ int run_bench(const BenchOptions& o) {
     double t1 = now_ms();
     if (s >= o.warmup) train_ms.push_back(t1 - t0);
   }
-  if (o.profile) {  // per-op times over `steps` more train steps
-    profile::reset();
-    profile::set_enabled(true);
-    double t0 = now_ms();
-    for (int s = 0; s < o.steps; ++s) trainer.step(batch);
-    double total = (now_ms() - t0) / o.steps;
-    profile::set_enabled(false);
-    FILE* to = o.json ? stderr : stdout;  // --json keeps stdout to one JSON line
-    std::fprintf(to, "profile: %.1f ms per train step; forward kernels by op, backward by node (outermost scope):\n",
-                 total);
-    double seen = 0;
-    for (auto& [name, e] : profile::report()) {
-      double per = e.ms / o.steps;
-      seen += per;
-      if (per >= 0.05 * total / 100)
-        std::fprintf(to, "  %-26s %9.2f ms %6.1f%% %8lld calls\n", name.c_str(), per, 100 * per / total,
-                     (long long)(e.calls / o.steps));
-    }
-    std::fprintf(to, "  %-26s %9.2f ms %6.1f%%\n", "(engine, allocation, rest)", total - seen,
-                 100 * (total - seen) / total);
-  }
+  if (o.profile) print_profile(o, [&] { trainer.step(batch); });
   std::vector<double> fwd_ms;
   for (int s = 0; s < std::max(3, o.steps / 2); ++s) {
     NoGradGuard no_grad;
@@ -197,8 +273,8 @@ namespace tapestry::tools {
 Subcommand add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   auto* bench = app.add_subcommand("bench", "time a named workload (see docs/benchmarks.md)");
-  bench->add_option("--workload", o->workload, "copy, small or base")
-      ->check(CLI::IsMember({"copy", "small", "base"}))
+  bench->add_option("--workload", o->workload, "copy, small, base (Transformer) or lm (GPT)")
+      ->check(CLI::IsMember({"copy", "small", "base", "lm"}))
       ->capture_default_str();
   bench->add_option("--threads", o->threads, "threads (default: all cores)")->check(positive());
   bench->add_option("--steps", o->steps, "timed train steps")->check(positive())->capture_default_str();

@@ -180,7 +180,7 @@ Tensor gelu(const Tensor& a, const std::string& approximate) {
   SavedTensor x(a, "GeluBackward");
   return record("GeluBackward", out, {a}, [x, tanh_form](const Tensor& g) {
     return TensorList{
-        mul(g, kernels::unary("gelu_backward", tanh_form ? Unary::GeluTanhGrad : Unary::GeluGrad, x.get()))};
+        kernels::binary("gelu_backward", tanh_form ? Binary::GeluTanhBackward : Binary::GeluBackward, g, x.get())};
   });
 }
 

@@ -13,8 +13,9 @@
 namespace tapestry::kernels {
 
 // ReluBackward: a where b > 0, else 0 (the gradient a of relu given its output b).
-enum class Binary { Add, Sub, Mul, Div, Pow, Maximum, Minimum, ReluBackward, Eq, Ne, Lt, Le, Gt, Ge };
-enum class Unary { Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu, GeluGrad, GeluTanh, GeluTanhGrad, Sigmoid, Abs, Sign, PowScalar, Clamp };
+// GeluBackward / GeluTanhBackward: a = the incoming gradient, b = gelu's input (one pass, fused).
+enum class Binary { Add, Sub, Mul, Div, Pow, Maximum, Minimum, ReluBackward, GeluBackward, GeluTanhBackward, Eq, Ne, Lt, Le, Gt, Ge };
+enum class Unary { Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu, GeluTanh, Sigmoid, Abs, Sign, PowScalar, Clamp };
 enum class Reduce { Sum, Max, Min };
 
 bool is_comparison(Binary kind);
@@ -35,6 +36,8 @@ Tensor to_dtype(const Tensor& a, DType dtype);
 
 // Reduce over `dims` (wrapped, any order). Sum of Bool/Int64 gives Int64.
 Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim);
+// The sum of a's squared elements as a 0-d float64 tensor, accumulated in double (gradient norms).
+Tensor sum_of_squares(const Tensor& a);
 // Max or Min over one dim: values and int64 indices (first occurrence wins).
 std::pair<Tensor, Tensor> reduce_with_index(const char* op, Reduce kind, const Tensor& a, int64_t dim, bool keepdim);
 

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "tapestry/nn/safetensors.h"
+#include "tapestry/ops/kernels.h"
 #include "tapestry/ops/cpu/loops.h"
 #include "tapestry/ops/profile.h"
 
@@ -345,10 +346,7 @@ void Adam::step() {
 double global_norm(const std::vector<Tensor>& tensors) {
   NoGradGuard no_grad;
   double total = 0;
-  for (const Tensor& t : tensors) {
-    Tensor t64 = t.to(DType::Float64);
-    total += sum(t64 * t64).item<double>();
-  }
+  for (const Tensor& t : tensors) total += kernels::sum_of_squares(t).item<double>();
   return std::sqrt(total);
 }
 

@@ -60,7 +60,7 @@ struct DropoutMask {
     scale = 1.0 / (1.0 - p);
     key = cpu::dropout_key(seed);
   }
-  bool keep(int64_t index) const { return cpu::dropout_keeps(static_cast<uint32_t>(index), key, threshold); }
+  bool keep(uint32_t index) const { return cpu::dropout_keeps(index, key, threshold); }
 };
 
 // Where one (batch..., head) slice of each operand starts: q, k, v, out and mask share the
@@ -152,6 +152,15 @@ Layout make_layout(const char* op, const Tensor& q, const Tensor& k, const Tenso
   return L;
 }
 
+// The rows of each operand must be unit-stride for gemm; anything else is copied once. Views
+// such as the heads of a projection ([B, T, H, E] transposed to [B, H, T, E]) pass as they are.
+// (A row stride below the row length, e.g. 0 for rows expanded from one, is no gemm layout.)
+Tensor rows_ok(const Tensor& t) {
+  const bool unit = t.stride(-1) == 1 || t.size(-1) <= 1;
+  const bool rows = t.size(-2) <= 1 || t.stride(-2) >= t.size(-1);
+  return unit && rows ? t : contiguous(t);
+}
+
 // Tasks too small to pay for a thread run serially.
 int64_t task_grain(const Layout& L, int64_t rows_per_task) {
   const int64_t work = std::max<int64_t>(1, rows_per_task * std::max<int64_t>(L.tk, 1) * (L.e + L.ev));
@@ -168,13 +177,6 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
   check_device(op, q_in);
   check_device(op, k_in);
   check_device(op, v_in);
-  // The rows of each operand must be unit-stride for gemm; anything else is copied once.
-  // (A row stride below the row length, e.g. 0 for rows expanded from one, is no gemm layout.)
-  auto rows_ok = [](const Tensor& t) {
-    const bool unit = t.stride(-1) == 1 || t.size(-1) <= 1;
-    const bool rows = t.size(-2) <= 1 || t.stride(-2) >= t.size(-1);
-    return unit && rows ? t : contiguous(t);
-  };
   Tensor q = rows_ok(q_in), k = rows_ok(k_in), v = rows_ok(v_in);
   Tensor m = mask.defined() ? mask : Tensor();
   Layout L = make_layout(op, q, k, v, m, is_causal);
@@ -213,11 +215,13 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
           for (int64_t r = 0; r < rows; ++r) {
             T* Sr = S.data() + r * cols;
             T mx = row_max[r];
+#pragma omp simd reduction(max : mx)
             for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, Sr[c]);
             // Rescale what was accumulated under the old maximum.
             const T alpha = row_max[r] == -std::numeric_limits<T>::infinity() ? T(0) : cpu::vexp(row_max[r] - mx);
             row_max[r] = mx;
             T sum = 0;
+#pragma omp simd reduction(+ : sum)
             for (int64_t c = 0; c < cols; ++c) {
               Sr[c] = cpu::vexp(Sr[c] - mx);
               sum += Sr[c];
@@ -227,9 +231,11 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
             if (alpha != T(1))
               for (int64_t j = 0; j < L.ev; ++j) ar[j] *= alpha;
             if (drop.on) {
-              const int64_t base = (s * L.tq + r0 + r) * L.tk + c0;
+              // The mask hashes the flat index mod 2^32, so the row's base is taken as uint32.
+              const uint32_t base = static_cast<uint32_t>((s * L.tq + r0 + r) * L.tk + c0);
               const T ds = static_cast<T>(drop.scale);
-              for (int64_t c = 0; c < cols; ++c) Sr[c] = drop.keep(base + c) ? Sr[c] * ds : T(0);
+#pragma omp simd
+              for (int64_t c = 0; c < cols; ++c) Sr[c] = drop.keep(base + static_cast<uint32_t>(c)) ? Sr[c] * ds : T(0);
             }
           }
           // acc += P V_block
@@ -255,8 +261,12 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
                                                      double dropout_p, uint64_t seed) {
   TP_PROFILE("scaled_dot_product_attention_backward");
   const char* op = "scaled_dot_product_attention_backward";
-  Tensor q = contiguous(q_in), k = contiguous(k_in), v = contiguous(v_in), dout = contiguous(dout_in);
+  Tensor q = rows_ok(q_in), k = rows_ok(k_in), v = rows_ok(v_in), dout = rows_ok(dout_in);
   Layout L = make_layout(op, q, k, v, mask, is_causal);
+  // dout has out's shape, and may be a view like q (the heads of the next layer's gradient).
+  const std::vector<int64_t> do_off =
+      lead_offsets(Shape(dout.sizes().begin(), dout.sizes().end() - 2), lead_strides(dout, static_cast<size_t>(dout.dim() - 2)));
+  const int64_t do_ld = std::max({dout.stride(-2), L.ev, int64_t(1)});
   Tensor dq = zeros(q.sizes(), q.dtype()), dk = zeros(k.sizes(), k.dtype()), dv = zeros(v.sizes(), v.dtype());
   if (L.bh == 0 || L.tq == 0 || L.tk == 0) return {dq, dk, dv};
   const DropoutMask drop(dropout_p, seed);
@@ -274,14 +284,15 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
       std::vector<T> D(static_cast<size_t>(L.tq));
       for (int64_t s = s0; s < s1; ++s) {
         // D_i = dO_i . O_i, which equals sum_j P_ij dP_ij (dropout included).
+        const T* dO = pdo + do_off[static_cast<size_t>(s)];
         for (int64_t i = 0; i < L.tq; ++i) {
           const T* o = po + (s * L.tq + i) * L.ev;
-          const T* g = pdo + (s * L.tq + i) * L.ev;
+          const T* g = dO + i * do_ld;
           T d = 0;
+#pragma omp simd reduction(+ : d)
           for (int64_t j = 0; j < L.ev; ++j) d += o[j] * g[j];
           D[i] = d;
         }
-        const T* dO = pdo + s * L.tq * L.ev;
         const T* Q = pq + L.q_off[s];
         const T* K = pk + L.k_off[s];
         const T* V = pv + L.v_off[s];
@@ -295,25 +306,37 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
             if (!causal_visible(L, r0, rows, c0)) continue;
             block_scores(L, s, pq, pk, r0, rows, c0, cols, tscale, P.data());
             // dP' = dO V^T (the gradient of the dropped probabilities)
-            gemm(false, true, rows, cols, L.ev, T(1), dO + r0 * L.ev, L.ev, V + c0 * L.v_ld, L.v_ld, T(0), dP.data(),
+            gemm(false, true, rows, cols, L.ev, T(1), dO + r0 * do_ld, do_ld, V + c0 * L.v_ld, L.v_ld, T(0), dP.data(),
                  cols);
             for (int64_t r = 0; r < rows; ++r) {
               const T row_max = pl[2 * (s * L.tq + r0 + r)], log_sum = pl[2 * (s * L.tq + r0 + r) + 1];
               T* Pr = P.data() + r * cols;
               T* dPr = dP.data() + r * cols;
-              const int64_t base = (s * L.tq + r0 + r) * L.tk + c0;
-              for (int64_t c = 0; c < cols; ++c) {
-                const bool masked = Pr[c] == static_cast<T>(kMasked);
-                const T p = cpu::vexp((Pr[c] - row_max) - log_sum);
-                T z = 1;
-                if (drop.on) z = drop.keep(base + c) ? static_cast<T>(drop.scale) : T(0);
-                // dS = P (dP - D); masked scores were overwritten, so they get none.
-                dPr[c] = masked ? T(0) : p * (dPr[c] * z - D[r0 + r]);
-                Pr[c] = p * z;  // the dropped probabilities, for dV
+              const uint32_t base = static_cast<uint32_t>((s * L.tq + r0 + r) * L.tk + c0);
+              const T Dr = D[r0 + r], dscale = static_cast<T>(drop.scale);
+              // dS = P (dP - D); masked scores were overwritten, so they get none. Two loops, so
+              // that each vectorizes without a branch on dropout inside.
+              if (drop.on) {
+#pragma omp simd
+                for (int64_t c = 0; c < cols; ++c) {
+                  const bool masked = Pr[c] == static_cast<T>(kMasked);
+                  const T p = cpu::vexp((Pr[c] - row_max) - log_sum);
+                  const T z = drop.keep(base + static_cast<uint32_t>(c)) ? dscale : T(0);
+                  dPr[c] = masked ? T(0) : p * (dPr[c] * z - Dr);
+                  Pr[c] = p * z;  // the dropped probabilities, for dV
+                }
+              } else {
+#pragma omp simd
+                for (int64_t c = 0; c < cols; ++c) {
+                  const bool masked = Pr[c] == static_cast<T>(kMasked);
+                  const T p = cpu::vexp((Pr[c] - row_max) - log_sum);
+                  dPr[c] = masked ? T(0) : p * (dPr[c] - Dr);
+                  Pr[c] = p;
+                }
               }
             }
             // dV += P'^T dO, dQ += scale dS K, dK += scale dS^T Q
-            gemm(true, false, cols, L.ev, rows, T(1), P.data(), cols, dO + r0 * L.ev, L.ev, T(1), dV + c0 * L.ev,
+            gemm(true, false, cols, L.ev, rows, T(1), P.data(), cols, dO + r0 * do_ld, do_ld, T(1), dV + c0 * L.ev,
                  L.ev);
             gemm(false, false, rows, L.e, cols, tscale, dP.data(), cols, K + c0 * L.k_ld, L.k_ld, T(1),
                  dQ + r0 * L.e, L.e);

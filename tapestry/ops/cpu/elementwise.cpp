@@ -67,6 +67,18 @@ void binary_typed(Binary kind, const Tensor& out, const Tensor& a, const Tensor&
       return binary_loop<T, T>(out, a, b, [](T x, T y) { return (cpu::is_nan(x) || x < y) ? x : y; });
     case Binary::ReluBackward:
       return binary_loop<T, T>(out, a, b, [](T g, T y) { return y > T(0) || cpu::is_nan(y) ? g : T(0); });  // NaN passes, as torch
+    case Binary::GeluBackward:  // g * d/dx gelu(x), d/dx gelu(x) = Phi(x) + x phi(x)
+      if constexpr (std::is_floating_point_v<T>)
+        return binary_loop<T, T>(out, a, b, [](T g, T x) {
+          T cdf = T(0.5) * (T(1) + std::erf(x * T(M_SQRT1_2)));
+          T pdf = std::exp(T(-0.5) * x * x) * T(0.3989422804014327);
+          return g * (cdf + x * pdf);
+        });
+      break;
+    case Binary::GeluTanhBackward:
+      if constexpr (std::is_floating_point_v<T>)
+        return binary_loop<T, T>(out, a, b, [](T g, T x) { return g * cpu::gelu_tanh_grad(x); });
+      break;
     case Binary::Eq: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x == y; });
     case Binary::Ne: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x != y; });
     case Binary::Lt: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x < y; });
@@ -74,6 +86,7 @@ void binary_typed(Binary kind, const Tensor& out, const Tensor& a, const Tensor&
     case Binary::Gt: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x > y; });
     case Binary::Ge: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x >= y; });
   }
+  TP_CHECK(false, "binary: this kind takes floating tensors, got {}", dtype_of<T>());
 }
 
 // In-place writes into an expanded view would write one element many times (and race).
@@ -172,22 +185,8 @@ void unary_floating(Unary kind, const Tensor& out, const Tensor& a, double p0, d
       });
     case Unary::Gelu:  // the exact (erf) form, PyTorch's default
       return unary_loop<T, T>(out, a, [](T x) { return T(0.5) * x * (T(1) + std::erf(x * T(M_SQRT1_2))); });
-    case Unary::GeluGrad:  // d/dx gelu(x) = Phi(x) + x * phi(x)
-      return unary_loop<T, T>(out, a, [](T x) {
-        T cdf = T(0.5) * (T(1) + std::erf(x * T(M_SQRT1_2)));
-        T pdf = std::exp(T(-0.5) * x * x) * T(0.3989422804014327);
-        return cdf + x * pdf;
-      });
-    case Unary::GeluTanh:  // GPT-2's approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-      return unary_loop<T, T>(out, a, [](T x) {
-        return T(0.5) * x * (T(1) + std::tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x)));
-      });
-    case Unary::GeluTanhGrad:
-      return unary_loop<T, T>(out, a, [](T x) {
-        T t = std::tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x));
-        return T(0.5) * (T(1) + t) +
-               T(0.5) * x * (T(1) - t * t) * T(0.7978845608028654) * (T(1) + T(3 * 0.044715) * x * x);
-      });
+    case Unary::GeluTanh:  // GPT-2's approximation (cpu::gelu_tanh)
+      return unary_loop<T, T>(out, a, [](T x) { return cpu::gelu_tanh(x); });
     case Unary::PowScalar:
       // PyTorch computes x^0.5 and x^-0.5 as (r)sqrt: NaN for x = -inf, where std::pow gives inf / 0.
       if (pe == T(0.5)) return unary_loop<T, T>(out, a, [](T x) { return std::sqrt(x); });

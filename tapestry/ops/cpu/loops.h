@@ -49,6 +49,23 @@ inline float vexp(float x) {
 }
 inline double vexp(double x) { return std::exp(x); }
 
+// GELU's tanh form (GPT-2's): 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), computed
+// as x * gate with gate = (1 + tanh(u)) / 2 = 1 / (1 + e^-2u): the same function, through vexp
+// (which vectorizes, where std::tanh does not) and without the cancellation in 1 + tanh(u).
+// Special values as PyTorch: gelu(-inf) = NaN, gelu(inf) = inf.
+constexpr double kGeluTanhK = 0.7978845608028654, kGeluTanhC = 0.044715;
+template <class T> inline T gelu_tanh_gate(T x) {
+  const T u = static_cast<T>(kGeluTanhK) * (x + static_cast<T>(kGeluTanhC) * x * x * x);
+  return T(1) / (T(1) + vexp(T(-2) * u));
+}
+template <class T> inline T gelu_tanh(T x) { return x * gelu_tanh_gate(x); }
+// d/dx gelu_tanh = gate + x gate (1 - gate) 2 du/dx, the chain rule through 1 / (1 + e^-2u).
+template <class T> inline T gelu_tanh_grad(T x) {
+  const T s = gelu_tanh_gate(x);
+  return s + (T(2) * x * s * (T(1) - s)) * static_cast<T>(kGeluTanhK) *
+                 (T(1) + static_cast<T>(3 * kGeluTanhC) * x * x);
+}
+
 // Dropout's mask as a counter-based hash: element `index` of a dropout with seed s is kept when
 // the top 24 bits of a 32-bit hash (lowbias32, by Chris Wellons) of (index, key(s)) reach
 // threshold(p). Both kernels::dropout and the fused attention's dropout use it, so they drop the

@@ -61,11 +61,20 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
         T mx = x[0];
 #pragma omp simd reduction(max : mx)
         for (int64_t j = 1; j < V; ++j) mx = std::max(mx, x[j]);
+        // Sums in T over chunks (vectorized lanes), chunks added in double: a float lane then
+        // adds at most 1024 / width terms. sum_x is only needed with smoothing.
         double se = 0, sum_x = 0;
-#pragma omp simd reduction(+ : se, sum_x)
-        for (int64_t j = 0; j < V; ++j) {
-          se += cpu::vexp(x[j] - mx);
-          sum_x += x[j];
+        constexpr int64_t kChunk = 1024;
+        for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
+          const int64_t j1 = std::min(V, j0 + kChunk);
+          T chunk_se = 0, chunk_x = 0;
+#pragma omp simd reduction(+ : chunk_se)
+          for (int64_t j = j0; j < j1; ++j) chunk_se += cpu::vexp(x[j] - mx);
+          if (q.other > 0) {
+#pragma omp simd reduction(+ : chunk_x)
+            for (int64_t j = j0; j < j1; ++j) chunk_x += x[j];
+          }
+          se += chunk_se, sum_x += chunk_x;
         }
         double lse = mx + std::log(se);
         plse[r] = static_cast<T>(lse);

@@ -6,6 +6,7 @@
 #include "tapestry/autograd/grad_mode.h"
 #include "tapestry/autograd/gradcheck.h"
 #include "tapestry/autograd/node.h"
+#include "tapestry/dist/dist.h"
 #include "tapestry/models/gpt.h"
 #include "tapestry/models/transformer.h"
 #include "tapestry/nn/layers.h"

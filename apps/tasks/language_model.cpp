@@ -84,6 +84,8 @@ class LMData : public DataSource {
   TrainBatch batch(int64_t index) override {
     const size_t b = static_cast<size_t>(index * batch_);
     std::vector<int64_t> starts(starts_.begin() + b, starts_.begin() + std::min(starts_.size(), b + batch_));
+    starts = shard_of(starts, shard_rank_, shard_world_);  // this rank's windows (all of them on one process)
+    if (starts.empty()) return {0, {}};
     auto [x, y] = make_windows(stream_, starts, block_);
     return {x.numel(), [this, x = x, y = y] { return model_.loss(x, y); }};
   }
@@ -136,6 +138,7 @@ LMResult train_language_model(const LMOptions& o) {
   to.epochs = o.epochs, to.clip_norm = o.clip_norm, to.on_nan = o.on_nan, to.progress = o.progress;
   to.step_log = o.step_log, to.out_dir = o.out_dir, to.resume = o.resume, to.save_every = o.save_every;
   to.stop_after = o.stop_after, to.keep = 1, to.average = 0, to.time_limit = o.time_limit;
+  to.seed = o.seed, to.reshard = o.reshard;
   check_options(to);
   TP_CHECK(o.tokenizer == "sentencepiece" || o.tokenizer == "byte" || o.tokenizer == "gpt2",
            "train: --tokenizer must be sentencepiece, byte or gpt2, got '{}'", o.tokenizer);
@@ -176,8 +179,9 @@ LMResult train_language_model(const LMOptions& o) {
     // A copy of the vocabulary files goes into the run folder, so that it stands alone.
     const std::string src = o.gpt2_dir.empty() ? default_gpt2_dir() : o.gpt2_dir, dst = o.out_dir + "/gpt2";
     tok = gpt2_tokenizer(src);
-    std::filesystem::create_directories(dst);
+    if (dist::is_main()) std::filesystem::create_directories(dst);
     for (const char* f : {"encoder.json", "vocab.bpe"}) {
+      if (!dist::is_main()) break;  // rank 0 writes the run folder
       std::ifstream in(src + "/" + f, std::ios::binary);
       nn::write_file_atomic(dst + "/" + f, std::string((std::istreambuf_iterator<char>(in)),
                                                        std::istreambuf_iterator<char>()));
@@ -186,7 +190,7 @@ LMResult train_language_model(const LMOptions& o) {
   const Stream train = encode_stream(*tok, train_lines), val = encode_stream(*tok, val_lines);
   TP_CHECK(static_cast<int64_t>(train.ids.size()) > o.block, "train: {} gives {} tokens, fewer than one window of "
            "--block {} + 1", train_path, train.ids.size(), o.block);
-  if (o.export_ids) {
+  if (o.export_ids && dist::is_main()) {
     write_ids(o.out_dir + "/train.ids", train.ids);
     write_ids(o.out_dir + "/val.ids", val.ids);
     nn::write_file_atomic(o.out_dir + "/ids.json",

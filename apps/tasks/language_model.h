@@ -37,6 +37,7 @@ struct LMOptions {
   double time_limit = 0;    // seconds of training (0: none); the schedule still spans all epochs
   int64_t threads = 0;
   bool progress = true, resume = false, overwrite = false;
+  bool reshard = false;  // resume a checkpoint of a different process count (TrainerOptions::reshard)
   int64_t save_every = 0, stop_after = 0;
   std::string on_nan = "stop";
   std::string step_log;

@@ -143,7 +143,9 @@ class TranslationData : public DataSource {
     return static_cast<int64_t>(plan_.size());
   }
   TrainBatch batch(int64_t index) override {
-    Batch b = batches_.make(plan_.at(static_cast<size_t>(index)));
+    const auto pairs = shard_of(plan_.at(static_cast<size_t>(index)), shard_rank_, shard_world_);
+    if (pairs.empty()) return {0, {}};
+    Batch b = batches_.make(pairs);
     return {b.tgt_tokens, [this, b] { return model_.loss(b.src, b.tgt_in, b.tgt_out, smoothing_); }};
   }
 
@@ -161,7 +163,7 @@ TranslationResult train_translation(const TranslationOptions& o) {
   // The Trainer's options first: they are checked before the data are read.
   TrainerOptions to;
   to.epochs = o.epochs, to.accumulate = o.accumulate, to.clip_norm = o.clip_norm, to.on_nan = o.on_nan;
-  to.progress = o.progress, to.step_log = o.step_log;
+  to.progress = o.progress, to.step_log = o.step_log, to.seed = o.seed, to.reshard = o.reshard;
   to.out_dir = o.out_dir, to.resume = o.resume, to.save_every = o.save_every, to.stop_after = o.stop_after;
   to.keep = o.keep, to.average = o.average, to.best_metric = "val_bleu";
   check_options(to);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <string>
 
+#include "tapestry/dist/dist.h"
 #include "tapestry/ops/error.h"
 
 namespace tapestry::apps {
@@ -30,6 +31,17 @@ bool file_exists(const std::string& path) {
 RunFolder::RunFolder(const std::string& dir, bool resume, bool overwrite, const std::vector<std::string>& task_files)
     : dir_(dir) {
   TP_CHECK(!(resume && overwrite), "train: --resume and --overwrite contradict each other; choose one");
+  // Under mpirun rank 0 alone prepares (and locks) the folder; the others wait until it has.
+  if (!dist::is_main()) {
+    dist::barrier();
+    return;
+  }
+  prepare(resume, overwrite, task_files);
+  dist::barrier();
+}
+
+void RunFolder::prepare(bool resume, bool overwrite, const std::vector<std::string>& task_files) {
+  const std::string& dir = dir_;
   std::error_code mkdir_error;
   std::filesystem::create_directories(dir, mkdir_error);  // with its parents, as `mkdir -p`
   TP_CHECK(std::filesystem::is_directory(dir), "train: cannot create the output directory {}{}", dir,

@@ -32,6 +32,7 @@ class RunFolder {
   const std::string& dir() const { return dir_; }
 
  private:
+  void prepare(bool resume, bool overwrite, const std::vector<std::string>& task_files);
   std::string dir_;
   std::unique_ptr<RunLock> lock_;
 };

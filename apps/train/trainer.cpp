@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -120,24 +121,66 @@ Trainer::Trainer(nn::Module& model, optim::Optimizer& optimizer, const optim::Sc
   check_options(o_);
 }
 
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Whether `local` holds on any rank (the identity on one process).
+bool on_any_rank(bool local) {
+  return dist::world_size() > 1 ? dist::allreduce(static_cast<int64_t>(local), dist::ReduceOp::Max) > 0 : local;
+}
+
+}  // namespace
+
 StepResult Trainer::step(const std::vector<TrainBatch>& group) {
   TP_CHECK(!group.empty(), "train: a step needs at least one batch");
+  const bool parallel = dist::world_size() > 1;
   StepResult r;
   for (const TrainBatch& b : group) r.tokens += b.tokens;
   ++step_;
   if (schedule_) schedule_->apply(optimizer_, step_);
-  // Each batch's mean loss is weighted by its share of the group's tokens, so the summed gradient
-  // is that of the group's mean token loss, as one batch of the group's size would give.
   double& loss_sum = r.loss_sum;
-  for (const TrainBatch& b : group) {
-    Tensor loss = b.loss();
-    loss_sum += loss.item<double>() * static_cast<double>(b.tokens);
-    if (group.size() == 1) {
-      loss.backward();
-    } else {
-      (loss * (static_cast<double>(b.tokens) / static_cast<double>(r.tokens))).backward();
+  if (!parallel) {
+    // Each batch's mean loss is weighted by its share of the group's tokens, so the summed
+    // gradient is that of the group's mean token loss, as one batch of the group's size would give.
+    for (const TrainBatch& b : group) {
+      Tensor loss = b.loss();
+      loss_sum += loss.item<double>() * static_cast<double>(b.tokens);
+      if (group.size() == 1) {
+        loss.backward();
+      } else {
+        (loss * (static_cast<double>(b.tokens) / static_cast<double>(r.tokens))).backward();
+      }
     }
+    r.stop_signal = StopSignals::pending() != 0;
+  } else {
+    // Dropout differs per rank and per step, and follows from (seed, step, rank) alone.
+    manual_seed(splitmix64(o_.seed ^ splitmix64(static_cast<uint64_t>(step_) ^ splitmix64(dist::rank() + 1))));
+    // Each rank's loss summed over its tokens; the gradients are summed over the ranks and then
+    // divided by the tokens of the whole group, the gradient of the global mean token loss.
+    for (const TrainBatch& b : group) {
+      if (b.tokens == 0) continue;  // an empty shard: this rank adds zeros
+      Tensor loss = b.loss();
+      loss_sum += loss.item<double>() * static_cast<double>(b.tokens);
+      (loss * static_cast<double>(b.tokens)).backward();
+    }
+    // One small all-reduce agrees on the totals and on whether to stop.
+    const bool time_up = o_.time_limit > 0 && seconds_since(run_start_) >= o_.time_limit;
+    Tensor totals = tensor(std::vector<double>{static_cast<double>(r.tokens), loss_sum,
+                                               StopSignals::pending() != 0 ? 1.0 : 0.0, time_up ? 1.0 : 0.0});
+    dist::allreduce_(totals);
+    auto tv = totals.to_vector<double>();
+    r.tokens = static_cast<int64_t>(tv[0]), loss_sum = tv[1], r.stop_signal = tv[2] > 0, r.out_of_time = tv[3] > 0;
+    TP_CHECK(r.tokens > 0, "train: step {} has no tokens on any of the {} ranks", step_, dist::world_size());
+    if (!reducer_) reducer_ = std::make_unique<dist::GradReducer>(model_.parameters());
+    reducer_->reduce(1.0 / static_cast<double>(r.tokens));
   }
+  if (!parallel) r.out_of_time = o_.time_limit > 0 && seconds_since(run_start_) >= o_.time_limit;
   r.loss = loss_sum / static_cast<double>(r.tokens);
   // A non-finite loss or gradient would poison the weights and every checkpoint after it.
   r.grad_norm = o_.clip_norm > 0 ? optim::clip_grad_norm(model_.parameters(), o_.clip_norm)
@@ -157,8 +200,10 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
   return r;
 }
 
+double Trainer::allreduce_seconds() const { return reducer_ ? reducer_->seconds() : 0.0; }
+
 void Trainer::log_step(int64_t epoch, const StepResult& r) {
-  if (o_.step_log.empty()) return;
+  if (o_.step_log.empty() || !dist::is_main()) return;
   // Appended and closed each step, so that the log survives a kill up to the last step.
   FILE* f = std::fopen(o_.step_log.c_str(), "a");
   TP_CHECK(f, "train: cannot write the step log {}", o_.step_log);
@@ -168,6 +213,7 @@ void Trainer::log_step(int64_t epoch, const StepResult& r) {
 }
 
 void Trainer::save_checkpoint(int64_t epoch, int64_t next_batch, double loss_sum, int64_t tokens) {
+  if (!dist::is_main()) return;  // every rank holds the same weights; rank 0 writes them
   TP_CHECK(std::isfinite(optim::global_norm(model_.parameters())), "train: the weights are not finite after step {}; "
            "nothing was saved (the last checkpoint is intact). Lower --lr-factor or set --clip-norm", step_);
   nn::NamedTensors state;
@@ -178,7 +224,8 @@ void Trainer::save_checkpoint(int64_t epoch, int64_t next_batch, double loss_sum
                                {"step", std::to_string(step_)},
                                {"epoch_loss_sum", fmt::format("{:.17g}", loss_sum)},
                                {"epoch_tokens", std::to_string(tokens)},
-                               {"rng", default_generator().state()}});
+                               {"rng", default_generator().state()},
+                               {"world_size", std::to_string(dist::world_size())}});
   nn::save_safetensors(o_.out_dir + "/checkpoint.safetensors", state, meta);
   model_.save(o_.out_dir + "/model.safetensors", with(o_.model_metadata, {{"step", std::to_string(step_)}}));
 }
@@ -230,6 +277,13 @@ Trainer::Position Trainer::load_checkpoint(FitResult& result) {
   TP_CHECK(at.epoch >= 1 && at.batch >= 0 && at.tokens >= 0, "resume: {}: epoch {}, batch {} is not a position: the "
            "checkpoint is damaged", from, at.epoch, at.batch);
   TP_CHECK(file.metadata.count("rng"), "resume: {} has no 'rng' entry (not a training checkpoint)", from);
+  // Older checkpoints (no entry) were written by one process.
+  const int64_t saved_world = file.metadata.count("world_size") ? meta_number<int64_t>(file.metadata, from, "world_size") : 1;
+  TP_CHECK(saved_world == dist::world_size() || o_.reshard,
+           "resume: {} was written by a run on {} process{}, and this one has {}; resume with the same count (mpirun "
+           "-np {}), or pass --reshard to go on with the same global batches split over {} (not bit-exact: each "
+           "rank's dropout masks change)",
+           from, saved_world, saved_world == 1 ? "" : "es", dist::world_size(), saved_world, dist::world_size());
   default_generator().set_state(file.metadata.at("rng"));
   std::printf("resume: from %s at epoch %lld, batch %lld, step %lld\n", from.c_str(), (long long)at.epoch,
               (long long)at.batch, (long long)step_);
@@ -246,7 +300,7 @@ Trainer::Position Trainer::load_checkpoint(FitResult& result) {
 }
 
 Metrics Trainer::run_evaluation(int64_t epoch) {
-  if (!evaluate) return {};
+  if (!evaluate || !dist::is_main()) return {};
   model_.eval();
   Metrics m = evaluate(epoch, step_);
   model_.train();
@@ -256,6 +310,7 @@ Metrics Trainer::run_evaluation(int64_t epoch) {
 // Per-epoch copies (the last `keep` stay, for averaging) and the best on best_metric, written
 // before the checkpoint that moves resume past this epoch; then curves.svg.
 void Trainer::end_of_epoch(int64_t epoch, const EpochRecord& r, FitResult& result) {
+  if (!dist::is_main()) return;
   const std::string epoch_path = fmt::format("{}/model.epoch{}.safetensors", o_.out_dir, epoch);
   model_.save(epoch_path, with(o_.model_metadata, {{"epoch", std::to_string(epoch)}}));
   if (epoch - o_.keep >= 1) std::remove(fmt::format("{}/model.epoch{}.safetensors", o_.out_dir, epoch - o_.keep).c_str());
@@ -292,22 +347,40 @@ FitResult Trainer::fit(DataSource& data) {
   const bool saving = !o_.out_dir.empty();
   TP_CHECK(saving || (!o_.resume && o_.save_every == 0 && o_.stop_after == 0 && o_.best_metric.empty()),
            "train: resume, save_every, stop_after and best_metric need a run folder (out_dir)");
-  const bool tty = o_.progress && ::isatty(2);
+  // On N ranks every rank trains and reads a resumed checkpoint; rank 0 alone writes files,
+  // evaluates and shows progress, and the others follow its decisions.
+  const int world = dist::world_size();
+  const bool main_rank = dist::is_main();
+  const bool progress = o_.progress && main_rank;
+  const bool tty = progress && ::isatty(2);
   FitResult result;
   const auto run_start = std::chrono::steady_clock::now();
+  run_start_ = run_start;
   Position start;
   if (saving && o_.resume) start = load_checkpoint(result);
+  if (world > 1) {
+    // The same starting weights everywhere: rank 0's (a fresh model's random init, or the checkpoint).
+    NoGradGuard no_grad;
+    for (auto& [name, t] : model_.state_dict()) {
+      Tensor v = t;
+      dist::broadcast_(v);
+    }
+    data.set_shard(dist::rank(), world);
+  }
   std::unique_ptr<StopSignals> stop_signals;
   if (saving) {
     stop_signals = std::make_unique<StopSignals>();
-    for (const auto& [name, contents] : o_.run_files) nn::write_file_atomic(o_.out_dir + "/" + name, contents);
+    if (main_rank)
+      for (const auto& [name, contents] : o_.run_files) nn::write_file_atomic(o_.out_dir + "/" + name, contents);
   }
   // After a signal and its checkpoint: a line saying so; the run then returns.
   auto report_stop = [&](const std::string& after) {
+    // On N ranks the signal may have reached another rank only.
+    const int signal = StopSignals::pending() ? StopSignals::pending() : SIGTERM;
     std::printf("train: %s: stopped after %s with a checkpoint in %s; continue with --resume\n",
-                StopSignals::name(StopSignals::pending()), after.c_str(), o_.out_dir.c_str());
+                StopSignals::name(signal), after.c_str(), o_.out_dir.c_str());
     std::fflush(stdout);
-    result.interrupted = StopSignals::pending();
+    result.interrupted = signal;
     return result;
   };
   // The curves so far (an interrupted run keeps its picture); epochs before a resume are not in
@@ -353,7 +426,7 @@ FitResult Trainer::fit(DataSource& data) {
       tokens += r.tokens;
       result.last_loss = r.loss;
       log_step(epoch, r);
-      if (saving && StopSignals::pending()) {
+      if (saving && r.stop_signal) {
         save_checkpoint(epoch, i, loss_sum, tokens);
         std::printf("\n");  // after the progress line
         return report_stop(fmt::format("step {}", step_));
@@ -365,15 +438,15 @@ FitResult Trainer::fit(DataSource& data) {
         result.steps = step_;
         return result;
       }
-      if (o_.progress) {
+      if (progress) {
         double el = seconds_since(t0);
         progress_line(epoch, before, i, batches, step_, loss_sum / static_cast<double>(tokens),
                       static_cast<double>(tokens - first_tokens) / el, optimizer_.lr(),
                       el / static_cast<double>(i - first_batch) * static_cast<double>(batches - i), tty);
       }
-      if (o_.time_limit > 0 && seconds_since(run_start) >= o_.time_limit) {
+      if (r.out_of_time) {
         result.out_of_time = true;
-        if (o_.progress && tty) std::fprintf(stderr, "\n");
+        if (tty) std::fprintf(stderr, "\n");
         std::printf("train: the time limit of %s is reached after step %lld; this epoch ends here\n",
                     clock_text(o_.time_limit).c_str(), (long long)step_);
         break;
@@ -382,7 +455,7 @@ FitResult Trainer::fit(DataSource& data) {
         result.last_metrics = run_evaluation(epoch);
         std::printf("step %lld: loss %.4f%s\n", (long long)step_, r.loss, metrics_text(result.last_metrics).c_str());
         std::fflush(stdout);
-        if (should_stop && should_stop(result.last_metrics)) {
+        if (on_any_rank(main_rank && should_stop && should_stop(result.last_metrics))) {
           result.finished_early = true;
           break;
         }
@@ -397,7 +470,8 @@ FitResult Trainer::fit(DataSource& data) {
     if (!result.finished_early) result.last_metrics = run_evaluation(epoch);  // else just evaluated
     rec.metrics = result.last_metrics;
     if (saving) end_of_epoch(epoch, rec, result);
-    if (saving && StopSignals::pending()) return report_stop(fmt::format("epoch {}", epoch));  // end_of_epoch saved
+    if (saving && on_any_rank(StopSignals::pending() != 0))
+      return report_stop(fmt::format("epoch {}", epoch));  // end_of_epoch saved
     std::string line = fmt::format("epoch {}: train loss {:.3f}{}", epoch, rec.train_loss, metrics_text(rec.metrics));
     line += fmt::format(", {:.0f} s, {:.0f} tok/s, elapsed {}", rec.seconds, rec.tokens_per_s,
                         clock_text(seconds_since(run_start)));
@@ -405,15 +479,15 @@ FitResult Trainer::fit(DataSource& data) {
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
     result.epochs.push_back(rec);
-    if (saving) draw_curves();
-    if (result.finished_early || (should_stop && should_stop(rec.metrics))) {
+    if (saving && main_rank) draw_curves();
+    if (result.finished_early || on_any_rank(main_rank && should_stop && should_stop(rec.metrics))) {
       result.finished_early = true;
       break;
     }
     if (result.out_of_time) break;
   }
   result.steps = step_;
-  if (saving && !result.finished_early) average_epochs(result);
+  if (saving && main_rank && !result.finished_early) average_epochs(result);
   return result;
 }
 

@@ -10,9 +10,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "tapestry/dist/dist.h"
 #include "tapestry/nn/module.h"
 #include "tapestry/optim/optimizer.h"
 
@@ -29,12 +31,33 @@ struct TrainBatch {
 // and returns how many batches it has; batch(i) gives batch i of the planned epoch. A resumed run
 // calls plan() for its epoch and then batch() from where it stopped, so a plan must follow from
 // the epoch alone (and the task's seed), never from earlier calls.
+//
+// Data parallelism (tapestry/dist, `mpirun -np N tapestry train ...`): the plan is of global
+// batches, the same on every rank; the Trainer calls set_shard(rank, world) first, and batch(i)
+// then gives only this rank's shard of global batch i (shard_of: every world-th example from
+// rank on), which may be empty (tokens 0, no loss).
 class DataSource {
  public:
   virtual ~DataSource() = default;
   virtual int64_t plan(int64_t epoch) = 0;
   virtual TrainBatch batch(int64_t index) = 0;
+  void set_shard(int rank, int world) {
+    shard_rank_ = rank;
+    shard_world_ = world;
+  }
+
+ protected:
+  int shard_rank_ = 0, shard_world_ = 1;
 };
+
+// Rank `rank`'s shard of `items`: items rank, rank + world, rank + 2 world, ... Strided rather
+// than contiguous, so that a batch sorted by length gives every rank a like share of tokens.
+// The shards of the ranks are disjoint and together hold every item once.
+template <class T> std::vector<T> shard_of(const std::vector<T>& items, int rank, int world) {
+  std::vector<T> out;
+  for (size_t i = static_cast<size_t>(rank); i < items.size(); i += static_cast<size_t>(world)) out.push_back(items[i]);
+  return out;
+}
 
 // A number an evaluation reports: "val loss 4.273" in the epoch line, a curve in curves.svg.
 struct Metric {
@@ -74,6 +97,11 @@ struct TrainerOptions {
   std::map<std::string, std::string> model_metadata;  // written with every weights file
   std::map<std::string, std::string> run_files;       // written (atomically) once resume has checked
   std::string curves_title;     // curves.svg's title
+  // Data parallelism: each rank's dropout stream is reseeded every step from (seed, step, rank),
+  // so a resumed run continues exactly. A checkpoint written by a different number of ranks is
+  // refused unless reshard (the global batches stay the same; the dropout masks do not).
+  uint64_t seed = 0;
+  bool reshard = false;
 };
 
 struct EpochRecord {
@@ -89,6 +117,8 @@ struct StepResult {
   double grad_norm = 0;  // before clipping
   bool taken = true;     // false: skipped for a non-finite loss or gradient (on_nan = "skip")
   std::string skipped;   // why, when not taken
+  // Agreed by every rank: a stop signal arrived (on any rank), the time limit is reached.
+  bool stop_signal = false, out_of_time = false;
 };
 
 struct FitResult {
@@ -120,8 +150,12 @@ class Trainer {
   FitResult fit(DataSource& data);
 
   // One optimizer step on a group of batches: schedule, forward and backward of each (token
-  // weighted), clip, non-finite guard, optimizer step, zero the gradients.
+  // weighted), clip, non-finite guard, optimizer step, zero the gradients. On N ranks each
+  // group is this rank's shard; the gradients and the token and loss totals are summed over the
+  // ranks before the clip, so every rank takes the same step.
   StepResult step(const std::vector<TrainBatch>& group);
+  // Seconds spent summing gradients over the ranks so far (0 on one process).
+  double allreduce_seconds() const;
   int64_t steps_taken() const { return step_; }
 
  private:
@@ -141,6 +175,8 @@ class Trainer {
   const optim::Schedule* schedule_;
   TrainerOptions o_;
   int64_t step_ = 0;
+  std::chrono::steady_clock::time_point run_start_ = std::chrono::steady_clock::now();
+  std::unique_ptr<dist::GradReducer> reducer_;  // on N > 1 ranks
 };
 
 // The element-wise mean of the parameters in `paths` (safetensors files of one model), as the

@@ -10,7 +10,8 @@
 #   4. a rank killed mid-run ends the job within 60 s with a message, and the checkpoints
 #      written before the kill still load;
 #   5. resuming with another process count is refused with a clear message, unless --reshard
-#      (which goes on from the checkpoint written before the kill).
+#      (which goes on from the checkpoint written before the kill);
+#   6. the copy task trains on 2 ranks too.
 #   tests/dist.sh DIST_CHECK TAPESTRY MPIRUN SOURCE_DIR
 set -euo pipefail
 check="$1" cli="$2" mpirun="$3" src="$4"
@@ -75,4 +76,8 @@ grep "written by a run" "$work/resume.log"
   { cat "$work/reshard.log"; fail "--reshard did not resume the checkpoint written before the kill"; }
 grep "^resume: from" "$work/reshard.log"
 grep -q "time limit" "$work/reshard.log" || { cat "$work/reshard.log"; fail "--reshard did not go on training"; }
+echo "== 6. the copy task on 2 ranks (random batches, rank 0's evaluation decides for both)"
+"${mpi[@]}" "$cli" train --task copy --d-model 64 --heads 4 --d-ff 128 --batch 32 --warmup 200 --lr-factor 1 \
+  --steps 2000 --threads 1 --no-progress > "$work/copy.log" 2>&1 || { cat "$work/copy.log"; fail "copy task on 2 ranks"; }
+grep -a "^solved\|^dist:" "$work/copy.log"
 echo "dist.sh: all data-parallel checks passed"

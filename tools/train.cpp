@@ -26,7 +26,7 @@ struct TrainFlags {
   // Shared by multi30k and lm (bound here, copied into the task's options when given).
   std::string data, out, config, on_nan;
   int64_t epochs = 0, limit = 0, save_every = 0, vocab_size = 0, batch = 0;
-  double dropout = 0, clip_norm = 0;
+  double dropout = 0, clip_norm = 0, time_limit = 0;
   bool resume = false, overwrite = false, reshard = false;
   CLI::App* cmd = nullptr;
   CLI::Option_group *copy_group = nullptr, *mt_group = nullptr, *lm_group = nullptr;
@@ -43,6 +43,7 @@ template <class Options> void apply_corpus_flags(const TrainFlags& f, Options& o
   if (f.cmd->count("--dropout")) o.dropout = f.dropout;
   if (f.cmd->count("--clip-norm")) o.clip_norm = f.clip_norm;
   if (f.cmd->count("--on-nan")) o.on_nan = f.on_nan;
+  if (f.cmd->count("--time-limit")) o.time_limit = f.time_limit;
   if (f.resume) o.resume = true;
   if (f.overwrite) o.overwrite = true;
   if (f.reshard) o.reshard = true;
@@ -102,7 +103,7 @@ int run_train(TrainFlags& f) {
       TP_CHECK(option->count() == 0, "train: {} is not an option of --task {}", option->get_name(), f.task);
   if (f.task == "copy") {
     for (const char* flag : {"--data", "--out", "--config", "--epochs", "--limit", "--save-every", "--vocab-size",
-                             "--dropout", "--clip-norm", "--on-nan", "--resume", "--overwrite", "--reshard"})
+                             "--dropout", "--clip-norm", "--on-nan", "--resume", "--overwrite", "--reshard", "--time-limit"})
       TP_CHECK(f.cmd->count(flag) == 0, "train: {} is not an option of --task copy", flag);
     if (f.cmd->count("--batch")) f.copy.batch = f.batch;
     apply_shared(f, f.copy);
@@ -190,6 +191,9 @@ Subcommand add_train(CLI::App& app) {
   train->add_flag("--overwrite", f->overwrite, "start over in an --out that holds a run (deletes its checkpoints)");
   train->add_option("--on-nan", f->on_nan, "a non-finite loss or gradient: stop (nothing saved) or skip the step")
       ->check(CLI::IsMember({"stop", "skip"}));
+  train->add_option("--time-limit", f->time_limit, "end training after this many seconds (0: none); the epoch "
+                    "then ends there, evaluated and saved")
+      ->check(real_flag(0, false));
   train->add_option("--save-every", f->save_every, "also checkpoint every N steps (0: each epoch)")
       ->check(CLI::NonNegativeNumber);
 
@@ -228,8 +232,6 @@ Subcommand add_train(CLI::App& app) {
   l->add_option("--weight-decay", lm.weight_decay, "AdamW weight decay on matrices (none on biases and LayerNorm)")
       ->check(real_flag(0, false))
       ->capture_default_str();
-  l->add_option("--time-limit", lm.time_limit, "end training after this many seconds (0: none)")
-      ->check(real_flag(0, false));
   l->add_flag("--export-ids", lm.export_ids, "also write the token streams (train.ids, val.ids: int32) for "
               "tools/lm-compare.sh");
   m->add_flag("--quick", f->quick, "the quick recipe: shows learning in under 10 minutes (see README)");

@@ -14,6 +14,7 @@
 #include "apps/train/run_dir.h"
 #include "apps/train/trainer.h"
 #include "apps/data/subword.h"
+#include "tapestry/dist/dist.h"
 #include "tapestry/models/transformer.h"
 #include "tapestry/autograd/anomaly.h"
 #include "tapestry/nn/safetensors.h"
@@ -164,6 +165,7 @@ TranslationResult train_translation(const TranslationOptions& o) {
   TrainerOptions to;
   to.epochs = o.epochs, to.accumulate = o.accumulate, to.clip_norm = o.clip_norm, to.on_nan = o.on_nan;
   to.progress = o.progress, to.step_log = o.step_log, to.seed = o.seed, to.reshard = o.reshard;
+  to.time_limit = o.time_limit;
   to.out_dir = o.out_dir, to.resume = o.resume, to.save_every = o.save_every, to.stop_after = o.stop_after;
   to.keep = o.keep, to.average = o.average, to.best_metric = "val_bleu";
   check_options(to);
@@ -237,6 +239,11 @@ TranslationResult train_translation(const TranslationOptions& o) {
   FitResult fit = trainer.fit(data);
 
   TranslationResult result;
+  // Under mpirun rank 0 evaluated, saved and reports; the other ranks' part ends with training.
+  if (!dist::is_main()) {
+    result.stopped = fit.stopped, result.interrupted = fit.interrupted;
+    return result;
+  }
   for (const EpochRecord& e : fit.epochs)
     result.epochs.push_back({e.epoch, e.steps, e.train_loss, metric(e.metrics, "val_loss"), metric(e.metrics, "val_bleu"),
                              e.seconds, e.tokens_per_s});

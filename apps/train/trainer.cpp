@@ -358,6 +358,8 @@ FitResult Trainer::fit(DataSource& data) {
   run_start_ = run_start;
   Position start;
   if (saving && o_.resume) start = load_checkpoint(result);
+  const int64_t start_step = step_;
+  double train_seconds = 0;  // the epochs' training, without their evaluations
   if (world > 1) {
     // The same starting weights everywhere: rank 0's (a fresh model's random init, or the checkpoint).
     NoGradGuard no_grad;
@@ -465,6 +467,7 @@ FitResult Trainer::fit(DataSource& data) {
     rec.epoch = epoch;
     rec.steps = step_;
     rec.seconds = seconds_since(t0);
+    train_seconds += rec.seconds;
     rec.train_loss = loss_sum / static_cast<double>(std::max<int64_t>(tokens, 1));
     rec.tokens_per_s = static_cast<double>(tokens - first_tokens) / rec.seconds;
     if (!result.finished_early) result.last_metrics = run_evaluation(epoch);  // else just evaluated
@@ -487,6 +490,13 @@ FitResult Trainer::fit(DataSource& data) {
     if (result.out_of_time) break;
   }
   result.steps = step_;
+  if (world > 1 && reducer_ && step_ > start_step) {
+    const double per_step = allreduce_seconds() / static_cast<double>(step_ - start_step);
+    std::printf("dist: %d ranks; each step all-reduces %.1f MiB of gradients in %zu bucket(s): %.2f ms per step, "
+                "%.1f%% of the training time\n",
+                world, static_cast<double>(reducer_->bytes()) / (1 << 20), reducer_->buckets(), 1e3 * per_step,
+                100 * allreduce_seconds() / std::max(1e-9, train_seconds));
+  }
   if (saving && main_rank && !result.finished_early) average_epochs(result);
   return result;
 }

@@ -14,6 +14,8 @@
 
 #include "apps/train/trainer.h"
 #include "tapestry/tapestry.h"
+#define DOCTEST_CONFIG_DISABLE  // helpers.h without doctest's runner: a program, not a test suite
+#include "tests/helpers.h"  // max_diff
 
 using namespace tapestry;
 
@@ -106,7 +108,7 @@ int compare(const std::string& a, const std::string& b, double tolerance) {
       std::fprintf(stderr, "dist_check: %s has no tensor %s\n", b.c_str(), name.c_str());
       return 1;
     }
-    double d = max(abs(t.to(DType::Float64) - tb.at(name).to(DType::Float64))).item<double>();
+    const double d = testing::max_diff(t, tb.at(name));
     if (d > worst) worst = d, where = name;
   }
   std::printf("dist_check: largest difference %.3g (in %s), tolerance %.3g\n", worst, where.c_str(), tolerance);

@@ -17,8 +17,11 @@
 #include "tapestry/autograd/grad_mode.h"
 #include "tapestry/models/gpt.h"
 #include "tapestry/nn/safetensors.h"
+#define DOCTEST_CONFIG_DISABLE  // helpers.h without doctest's runner: a program, not a test suite
+#include "tests/helpers.h"  // error_of
 
 using namespace tapestry;
+using tapestry::testing::error_of;
 
 namespace {
 
@@ -27,16 +30,6 @@ int failures = 0;
 void fail(const std::string& what) {
   std::fprintf(stderr, "gpt_hf_check: FAIL: %s\n", what.c_str());
   ++failures;
-}
-
-// The message of the tapestry::Error that f throws ("" when it throws none).
-template <class F> std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Writes `tensors` (with the original metadata) to `path`, loads it with load_gpt2_hf and

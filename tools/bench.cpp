@@ -67,6 +67,17 @@ double peak_rss_mib() {
   return static_cast<double>(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
+// Wall ms of each of `runs` calls of f, after `skip` untimed ones.
+std::vector<double> time_calls(int skip, int runs, const std::function<void()>& f) {
+  std::vector<double> ms;
+  for (int s = 0; s < skip + runs; ++s) {
+    double t0 = now_ms();
+    f();
+    if (s >= skip) ms.push_back(now_ms() - t0);
+  }
+  return ms;
+}
+
 // Per-op times over `o.steps` more calls of `step`, printed to stdout (stderr with --json).
 void print_profile(const BenchOptions& o, const std::function<void()>& step) {
   profile::reset();
@@ -107,20 +118,12 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   to.progress = false, to.clip_norm = 1.0;
   apps::Trainer trainer(model, adamw, nullptr, to);
   const std::vector<apps::TrainBatch> step_batch = {{batch * block, [&] { return model.loss(x, y); }}};
-  std::vector<double> train_ms;
-  for (int s = 0; s < o.warmup + o.steps; ++s) {
-    double t0 = now_ms();
-    trainer.step(step_batch);
-    if (s >= o.warmup) train_ms.push_back(now_ms() - t0);
-  }
+  const std::vector<double> train_ms = time_calls(o.warmup, o.steps, [&] { trainer.step(step_batch); });
   if (o.profile) print_profile(o, [&] { trainer.step(step_batch); });
-  std::vector<double> fwd_ms;
-  for (int s = 0; s < std::max(3, o.steps / 2); ++s) {
+  const std::vector<double> fwd_ms = time_calls(0, std::max(3, o.steps / 2), [&] {
     NoGradGuard no_grad;
-    double t0 = now_ms();
-    Tensor logits = model.forward(x);
-    fwd_ms.push_back(now_ms() - t0);
-  }
+    model.forward(x);
+  });
   // Sampled decoding: `batch` one-token prompts, block - 1 new tokens each, with the KV cache.
   model.eval();
   models::SampleOptions so;
@@ -200,21 +203,12 @@ int run_bench(const BenchOptions& o) {
   apps::Trainer trainer(model, adam, nullptr, to);
   const std::vector<apps::TrainBatch> batch = {
       {w.batch * w.tgt_len, [&] { return model.loss(src, tgt_in, tgt_out, 0.1); }}};
-  std::vector<double> train_ms;
-  for (int s = 0; s < o.warmup + o.steps; ++s) {
-    double t0 = now_ms();
-    trainer.step(batch);
-    double t1 = now_ms();
-    if (s >= o.warmup) train_ms.push_back(t1 - t0);
-  }
+  const std::vector<double> train_ms = time_calls(o.warmup, o.steps, [&] { trainer.step(batch); });
   if (o.profile) print_profile(o, [&] { trainer.step(batch); });
-  std::vector<double> fwd_ms;
-  for (int s = 0; s < std::max(3, o.steps / 2); ++s) {
+  const std::vector<double> fwd_ms = time_calls(0, std::max(3, o.steps / 2), [&] {
     NoGradGuard no_grad;
-    double t0 = now_ms();
-    Tensor logits = model.forward(src, tgt_in);
-    fwd_ms.push_back(now_ms() - t0);
-  }
+    model.forward(src, tgt_in);
+  });
   // Greedy decoding of the batch's sources for exactly tgt_len tokens (no end symbol).
   models::DecodeOptions dec;
   dec.bos = 1, dec.eos = -1, dec.max_extra = w.tgt_len - w.src_len;

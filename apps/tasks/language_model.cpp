@@ -16,6 +16,7 @@
 #include "apps/data/text.h"
 #include "apps/train/run_dir.h"
 #include "apps/train/trainer.h"
+#include "tapestry/dist/dist.h"
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/optim/optimizer.h"
 
@@ -179,12 +180,13 @@ LMResult train_language_model(const LMOptions& o) {
     // A copy of the vocabulary files goes into the run folder, so that it stands alone.
     const std::string src = o.gpt2_dir.empty() ? default_gpt2_dir() : o.gpt2_dir, dst = o.out_dir + "/gpt2";
     tok = gpt2_tokenizer(src);
-    if (dist::is_main()) std::filesystem::create_directories(dst);
-    for (const char* f : {"encoder.json", "vocab.bpe"}) {
-      if (!dist::is_main()) break;  // rank 0 writes the run folder
-      std::ifstream in(src + "/" + f, std::ios::binary);
-      nn::write_file_atomic(dst + "/" + f, std::string((std::istreambuf_iterator<char>(in)),
-                                                       std::istreambuf_iterator<char>()));
+    if (dist::is_main()) {  // rank 0 writes the run folder
+      std::filesystem::create_directories(dst);
+      for (const char* f : {"encoder.json", "vocab.bpe"}) {
+        std::ifstream in(src + "/" + f, std::ios::binary);
+        nn::write_file_atomic(dst + "/" + f, std::string((std::istreambuf_iterator<char>(in)),
+                                                         std::istreambuf_iterator<char>()));
+      }
     }
   }
   const Stream train = encode_stream(*tok, train_lines), val = encode_stream(*tok, val_lines);

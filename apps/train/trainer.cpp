@@ -145,34 +145,27 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
   ++step_;
   if (schedule_) schedule_->apply(optimizer_, step_);
   double& loss_sum = r.loss_sum;
-  if (!parallel) {
-    // Each batch's mean loss is weighted by its share of the group's tokens, so the summed
-    // gradient is that of the group's mean token loss, as one batch of the group's size would give.
-    for (const TrainBatch& b : group) {
-      Tensor loss = b.loss();
-      loss_sum += loss.item<double>() * static_cast<double>(b.tokens);
-      if (group.size() == 1) {
-        loss.backward();
-      } else {
-        (loss * (static_cast<double>(b.tokens) / static_cast<double>(r.tokens))).backward();
-      }
-    }
-    r.stop_signal = StopSignals::pending() != 0;
-  } else {
-    // Dropout differs per rank and per step, and follows from (seed, step, rank) alone.
-    manual_seed(splitmix64(o_.seed ^ splitmix64(static_cast<uint64_t>(step_) ^ splitmix64(dist::rank() + 1))));
-    // Each rank's loss summed over its tokens; the gradients are summed over the ranks and then
-    // divided by the tokens of the whole group, the gradient of the global mean token loss.
-    for (const TrainBatch& b : group) {
-      if (b.tokens == 0) continue;  // an empty shard: this rank adds zeros
-      Tensor loss = b.loss();
-      loss_sum += loss.item<double>() * static_cast<double>(b.tokens);
-      (loss * static_cast<double>(b.tokens)).backward();
-    }
+  // Dropout differs per rank and per step, and follows from (seed, step, rank) alone.
+  if (parallel) manual_seed(splitmix64(o_.seed ^ splitmix64(static_cast<uint64_t>(step_) ^ splitmix64(dist::rank() + 1))));
+  // One process: each batch's mean loss is weighted by its share of the group's tokens, so the
+  // summed gradient is that of the group's mean token loss, as one batch of the group's size
+  // would give. N ranks: each rank's loss summed over its tokens; the gradients are then summed
+  // over the ranks and divided by the tokens of the whole group (the global mean token loss).
+  for (const TrainBatch& b : group) {
+    if (parallel && b.tokens == 0) continue;  // an empty shard: this rank adds zeros
+    Tensor loss = b.loss();
+    loss_sum += loss.item<double>() * static_cast<double>(b.tokens);
+    const double weight = parallel ? static_cast<double>(b.tokens)
+                                   : static_cast<double>(b.tokens) / static_cast<double>(r.tokens);
+    if (weight == 1.0) loss.backward();
+    else (loss * weight).backward();
+  }
+  r.stop_signal = StopSignals::pending() != 0;
+  r.out_of_time = o_.time_limit > 0 && seconds_since(run_start_) >= o_.time_limit;
+  if (parallel) {
     // One small all-reduce agrees on the totals and on whether to stop.
-    const bool time_up = o_.time_limit > 0 && seconds_since(run_start_) >= o_.time_limit;
-    Tensor totals = tensor(std::vector<double>{static_cast<double>(r.tokens), loss_sum,
-                                               StopSignals::pending() != 0 ? 1.0 : 0.0, time_up ? 1.0 : 0.0});
+    Tensor totals = tensor(std::vector<double>{static_cast<double>(r.tokens), loss_sum, r.stop_signal ? 1.0 : 0.0,
+                                               r.out_of_time ? 1.0 : 0.0});
     dist::allreduce_(totals);
     auto tv = totals.to_vector<double>();
     r.tokens = static_cast<int64_t>(tv[0]), loss_sum = tv[1], r.stop_signal = tv[2] > 0, r.out_of_time = tv[3] > 0;
@@ -180,7 +173,6 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
     if (!reducer_) reducer_ = std::make_unique<dist::GradReducer>(model_.parameters());
     reducer_->reduce(1.0 / static_cast<double>(r.tokens));
   }
-  if (!parallel) r.out_of_time = o_.time_limit > 0 && seconds_since(run_start_) >= o_.time_limit;
   r.loss = loss_sum / static_cast<double>(r.tokens);
   // A non-finite loss or gradient would poison the weights and every checkpoint after it.
   r.grad_norm = o_.clip_norm > 0 ? optim::clip_grad_norm(model_.parameters(), o_.clip_norm)

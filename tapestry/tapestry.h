@@ -12,6 +12,7 @@
 #include "tapestry/nn/layers.h"
 #include "tapestry/nn/module.h"
 #include "tapestry/nn/safetensors.h"
+#include "tapestry/ops/cuda.h"
 #include "tapestry/ops/factory.h"
 #include "tapestry/ops/tensor.h"
 #include "tapestry/optim/optimizer.h"

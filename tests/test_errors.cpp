@@ -1,5 +1,7 @@
 // Bad input: every mistake throws a tapestry::Error whose message names the op and the
 // shapes or values involved. The messages are part of the API; these tests pin them down.
+#include "tapestry/ops/cuda.h"
+#include "tapestry/ops/kernels.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;
@@ -84,12 +86,37 @@ TEST_CASE("out-of-range indices and dims name the op and the value") {
   check_error(error_of([] { set_num_threads(0); }), "set_num_threads: expected a positive count, got 0");
 }
 
+TEST_CASE("devices: names, parsing, options and moves to the device a tensor is on") {
+  CHECK(Device::parse("cpu") == Device::CPU);
+  CHECK(Device::parse("cuda") == Device::CUDA);
+  CHECK(Device::parse("cuda:3") == Device(DeviceType::CUDA, 3));
+  CHECK(Device(DeviceType::CPU, 5) == Device::CPU);  // the CPU has one index
+  CHECK(device_name(Device(DeviceType::CUDA, 1)) == "cuda:1");
+  CHECK(fmt::format("{}", Device::CPU) == "cpu");
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CPU", ""})
+    check_error(error_of([&] { Device::parse(bad); }), fmt::format("device: '{}' is not a device", bad));
+  Tensor a = ones({2, 3}, kFloat64);
+  CHECK(a.options().dtype == kFloat64);
+  CHECK(a.options().device == Device::CPU);
+  CHECK(a.to(Device::CPU).impl_ptr() == a.impl_ptr());  // already there: the same tensor
+  CHECK(zeros_like(a).device() == Device::CPU);
+  CHECK(zeros({2}, TensorOptions(kInt64, Device::CPU)).dtype() == kInt64);
+  CHECK(kernels::common_device("op", {&a}) == Device::CPU);
+  Tensor undefined;
+  CHECK(kernels::common_device("op", {&undefined, &a}) == Device::CPU);
+}
+
 TEST_CASE("undefined tensors and the cuda seam fail clearly") {
   Tensor undefined;
   check_error(error_of([&] { undefined.sizes(); }), "Tensor: operation on an undefined tensor");
-  TensorOptions on_cuda;
-  on_cuda.device = Device::CUDA;
-  check_error(error_of([&] { zeros({2}, on_cuda); }), "Storage: device cuda is not built in");
+  if (!cuda::built()) {
+    check_error(error_of([&] { zeros({2}, Device::CUDA); }), "Storage: device cuda:0 is not built in");
+    check_error(error_of([&] { ones({2}).to(Device::CUDA); }), "Storage: device cuda:0 is not built in");
+    check_error(error_of([&] { cuda::synchronize(); }), "synchronize: device cuda:0 is not built in");
+    CHECK(cuda::device_count() == 0);
+    CHECK(!cuda::is_available());
+    CHECK(cuda::unavailable_reason().find("-DTAPESTRY_CUDA=ON") != std::string::npos);
+  }
   check_error(error_of([] { ones({3}).expand({2, 3}).add_(1.0); }),
               "add_: the destination of shape [2, 3] (strides [0, 1]) is an expanded view");
 }

@@ -21,6 +21,7 @@
 #include "apps/train/trainer.h"
 #include "tapestry/models/gpt.h"
 #include "tapestry/models/transformer.h"
+#include "tapestry/ops/cuda.h"
 #include "tapestry/ops/profile.h"
 #include "tapestry/optim/optimizer.h"
 
@@ -67,12 +68,18 @@ double peak_rss_mib() {
   return static_cast<double>(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
+// The device the workload runs on (bench --device); kernels there are asynchronous, so every
+// timed call ends by waiting for them.
+Device bench_device = Device::CPU;
+void wait_for_device() { cuda::synchronize(bench_device); }
+
 // Wall ms of each of `runs` calls of f, after `skip` untimed ones.
 std::vector<double> time_calls(int skip, int runs, const std::function<void()>& f) {
   std::vector<double> ms;
   for (int s = 0; s < skip + runs; ++s) {
     double t0 = now_ms();
     f();
+    wait_for_device();
     if (s >= skip) ms.push_back(now_ms() - t0);
   }
   return ms;
@@ -84,6 +91,7 @@ void print_profile(const BenchOptions& o, const std::function<void()>& step) {
   profile::set_enabled(true);
   double t0 = now_ms();
   for (int s = 0; s < o.steps; ++s) step();
+  wait_for_device();
   double total = (now_ms() - t0) / o.steps;
   profile::set_enabled(false);
   FILE* to = o.json ? stderr : stdout;  // --json keeps stdout to one JSON line
@@ -107,13 +115,14 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   models::GPTConfig c = models::GPTConfig::named("mini", vocab);
   c.block_size = block, c.dropout = 0.1;
   models::GPT model(c);
+  model.to(bench_device);
   optim::AdamOptions ao;
   ao.lr = 2e-3, ao.beta1 = 0.9, ao.beta2 = 0.95, ao.eps = 1e-8, ao.weight_decay = 0.1;
   optim::AdamW adamw({{model.decay_parameters(), std::nullopt, 0.1}, {model.no_decay_parameters(), std::nullopt, 0.0}},
                      ao);
   Generator data(42);
   Tensor ids = randint(0, vocab, {batch, block + 1}, DType::Int64, &data);
-  Tensor x = ids.slice(1, 0, block).contiguous(), y = ids.slice(1, 1, block + 1).contiguous();
+  Tensor x = ids.slice(1, 0, block).contiguous().to(bench_device), y = ids.slice(1, 1, block + 1).contiguous().to(bench_device);
   apps::TrainerOptions to;
   to.progress = false, to.clip_norm = 1.0;
   apps::Trainer trainer(model, adamw, nullptr, to);
@@ -141,10 +150,10 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   const double mn = *std::min_element(train_ms.begin(), train_ms.end());
   const double mx = *std::max_element(train_ms.begin(), train_ms.end());
   if (o.json) {
-    std::printf("{\"impl\": \"tapestry\", \"workload\": \"lm\", \"threads\": %d, \"train_ms_median\": %.3f, "
+    std::printf("{\"impl\": \"tapestry\", \"device\": \"%s\", \"workload\": \"lm\", \"threads\": %d, \"train_ms_median\": %.3f, "
                 "\"train_ms_min\": %.3f, \"train_ms_max\": %.3f, \"tgt_tokens_per_s\": %.1f, \"forward_ms_median\": "
                 "%.3f, \"decode_tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, \"params\": %lld}\n",
-                threads, step_ms, mn, mx, tok_s, median(fwd_ms), dec_tok_s, peak_rss_mib(),
+                o.device.c_str(), threads, step_ms, mn, mx, tok_s, median(fwd_ms), dec_tok_s, peak_rss_mib(),
                 static_cast<long long>(model.num_parameters()));
     return 0;
   }
@@ -157,6 +166,10 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   std::printf("forward           %8.2f ms median\n", median(fwd_ms));
   std::printf("sampled decode    %8.0f tokens/s (KV cache, %lld tokens)\n", dec_tok_s, (long long)decoded);
   std::printf("peak RSS          %8.1f MiB\n", peak_rss_mib());
+  if (bench_device.is_cuda())
+    std::printf("peak GPU memory   %8.1f MiB in tensors (caching allocator, %s)\n",
+                static_cast<double>(cuda::memory_stats(bench_device).peak_allocated) / (1 << 20),
+                device_name(bench_device).c_str());
   return 0;
 }
 
@@ -177,6 +190,8 @@ int run_bench(const BenchOptions& o) {
   int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   set_num_threads(threads);
   manual_seed(1234);
+  bench_device = Device::parse(o.device);
+  if (bench_device.is_cuda()) cuda::reset_peak_memory(bench_device);
   if (o.workload == "lm") return run_lm_bench(o, threads);
   auto it = workloads().find(o.workload);
   TP_CHECK(it != workloads().end(), "bench: unknown workload '{}' (expected copy, small, base or lm)", o.workload);
@@ -188,13 +203,16 @@ int run_bench(const BenchOptions& o) {
   c.d_model = w.d_model, c.heads = w.heads, c.d_ff = w.d_ff, c.enc_layers = w.enc_layers, c.dec_layers = w.dec_layers;
   c.dropout = 0.1, c.pad_id = 0;
   models::Transformer model(c);
+  model.to(bench_device);
   optim::AdamOptions ao;
   ao.lr = 1e-4, ao.beta1 = 0.9, ao.beta2 = 0.98, ao.eps = 1e-9;
   optim::Adam adam(model.parameters(), ao);
   // Tokens in [3, vocab): no padding, so every target token counts.
   Tensor src = randint(3, w.vocab, {w.batch, w.src_len}, DType::Int64, &data);
   Tensor tgt = randint(3, w.vocab, {w.batch, w.tgt_len + 1}, DType::Int64, &data);
-  Tensor tgt_in = tgt.slice(1, 0, w.tgt_len).contiguous(), tgt_out = tgt.slice(1, 1, w.tgt_len + 1).contiguous();
+  Tensor tgt_in = tgt.slice(1, 0, w.tgt_len).contiguous().to(bench_device);
+  Tensor tgt_out = tgt.slice(1, 1, w.tgt_len + 1).contiguous().to(bench_device);
+  src = src.to(bench_device);
 
   // The step training runs (apps/train/trainer.h): forward, loss, backward, gradient norm (the
   // non-finite guard), Adam step; no schedule, no clipping.
@@ -218,13 +236,8 @@ int run_bench(const BenchOptions& o) {
   int64_t decoded = 0;
   for (auto& h : hyps) decoded += static_cast<int64_t>(h.tokens.size());
   // sgemm on the workload's feed-forward shape: (B*T, D) @ (D, F).
-  Tensor a = randn({w.batch * w.tgt_len, w.d_model}), b = randn({w.d_model, w.d_ff});
-  std::vector<double> gemm_ms;
-  for (int s = 0; s < 10; ++s) {
-    double t0 = now_ms();
-    Tensor y = matmul(a, b);
-    gemm_ms.push_back(now_ms() - t0);
-  }
+  Tensor a = randn({w.batch * w.tgt_len, w.d_model}, bench_device), b = randn({w.d_model, w.d_ff}, bench_device);
+  std::vector<double> gemm_ms = time_calls(1, 10, [&] { matmul(a, b); });
 
   const double step_ms = median(train_ms);
   const double tokens = static_cast<double>(w.batch * w.tgt_len);
@@ -234,10 +247,10 @@ int run_bench(const BenchOptions& o) {
   const double dec_tok_s = static_cast<double>(decoded) / (decode_ms / 1000);
   if (o.json) {
     std::printf(
-        "{\"impl\": \"tapestry\", \"workload\": \"%s\", \"threads\": %d, \"train_ms_median\": %.3f, \"train_ms_min\": "
+        "{\"impl\": \"tapestry\", \"device\": \"%s\", \"workload\": \"%s\", \"threads\": %d, \"train_ms_median\": %.3f, \"train_ms_min\": "
         "%.3f, \"train_ms_max\": %.3f, \"tgt_tokens_per_s\": %.1f, \"train_gflops\": %.2f, \"forward_ms_median\": "
         "%.3f, \"decode_tokens_per_s\": %.1f, \"sgemm_gflops\": %.2f, \"peak_rss_mib\": %.1f, \"params\": %lld}\n",
-        o.workload.c_str(), threads, step_ms, *std::min_element(train_ms.begin(), train_ms.end()),
+        o.device.c_str(), o.workload.c_str(), threads, step_ms, *std::min_element(train_ms.begin(), train_ms.end()),
         *std::max_element(train_ms.begin(), train_ms.end()), tok_s, train_gflops, median(fwd_ms), dec_tok_s,
         sgemm_gflops, peak_rss_mib(), static_cast<long long>(model.num_parameters()));
     return 0;
@@ -257,6 +270,10 @@ int run_bench(const BenchOptions& o) {
   std::printf("sgemm             %8.1f GFLOP/s (%lldx%lld @ %lldx%lld)\n", sgemm_gflops,
               (long long)(w.batch * w.tgt_len), (long long)w.d_model, (long long)w.d_model, (long long)w.d_ff);
   std::printf("peak RSS          %8.1f MiB\n", peak_rss_mib());
+  if (bench_device.is_cuda())
+    std::printf("peak GPU memory   %8.1f MiB in tensors (caching allocator, %s)\n",
+                static_cast<double>(cuda::memory_stats(bench_device).peak_allocated) / (1 << 20),
+                device_name(bench_device).c_str());
   return 0;
 }
 
@@ -276,6 +293,7 @@ Subcommand add_bench(CLI::App& app) {
   bench->add_flag("--json", o->json, "one JSON object on one line");
   bench->add_flag("--profile", o->profile, "also print per-op times of the train step");
   bench->add_flag("--peak", o->peak, "measure the machine's fp32 FMA peak instead");
+  bench->add_option("--device", o->device, "cpu, cuda or cuda:N")->check(device_flag())->capture_default_str();
   return {bench, [o] { return run_bench(*o); }};
 }
 

@@ -12,6 +12,7 @@ struct BenchOptions {
   bool json = false;
   bool profile = false;  // per-op times of the train step
   bool peak = false;     // only measure the FMA peak
+  std::string device = "cpu";  // cpu, cuda or cuda:N
 };
 
 int run_bench(const BenchOptions& options);

@@ -26,5 +26,8 @@ const CLI::Validator& positive();
 // A real-valued flag: finite, above lo (or at it unless lo_strict), below hi. CLI11's range
 // checks let "nan" through (every comparison with NaN is false).
 CLI::Validator real_flag(double lo, bool lo_strict, double hi = INFINITY);
+// A --device flag: cpu, cuda or cuda:N, and a GPU only where this build has the CUDA backend and
+// the machine has that GPU (otherwise one line saying which is missing).
+const CLI::Validator& device_flag();
 
 }  // namespace tapestry::tools

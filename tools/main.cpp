@@ -13,6 +13,26 @@ using namespace tapestry;
 
 namespace tapestry::tools {
 
+const CLI::Validator& device_flag() {
+  static const CLI::Validator v(
+      [](std::string& value) -> std::string {
+        try {
+          const Device device = Device::parse(value);
+          if (device.is_cpu()) return "";
+          if (!cuda::built()) return "'" + value + "': " + cuda::unavailable_reason();
+          const int count = cuda::device_count();
+          if (count == 0) return "'" + value + "': " + cuda::unavailable_reason();
+          if (device.index >= count)
+            return fmt::format("'{}': this machine has {} GPU(s) (cuda:0 to cuda:{})", value, count, count - 1);
+          return "";
+        } catch (const Error& e) {
+          return e.what();
+        }
+      },
+      "DEVICE");
+  return v;
+}
+
 const CLI::Validator& positive() {
   static const CLI::Validator v(
       [](std::string& value) {

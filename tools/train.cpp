@@ -15,7 +15,7 @@ namespace tapestry::tools {
 namespace {
 
 struct TrainFlags {
-  std::string config_file, task = "copy", norm, step_log;
+  std::string config_file, task = "copy", norm, step_log, device = "cpu";
   int64_t warmup = 0, threads = 0;
   double lr_factor = 0;
   uint64_t seed = 0;
@@ -57,6 +57,7 @@ template <class Options> void apply_shared(const TrainFlags& f, Options& o) {
   if (!f.norm.empty()) o.pre_norm = f.norm == "pre";
   if (!f.step_log.empty()) o.step_log = f.step_log;
   if (f.no_progress) o.progress = false;
+  o.device = f.device;
 }
 
 int run_copy(const apps::CopyTaskOptions& o) {
@@ -87,6 +88,7 @@ int run_lm(TrainFlags& f) {
   if (!f.step_log.empty()) lm.step_log = f.step_log;
   if (f.no_progress) lm.progress = false;
   lm.threads = f.threads;
+  lm.device = f.device;
   auto r = apps::train_language_model(lm);
   return r.interrupted ? 128 + r.interrupted : 0;
 }
@@ -157,6 +159,9 @@ Subcommand add_train(CLI::App& app) {
   train->add_option("--norm", f->norm, "pre or post: where the layers put LayerNorm (copy: pre, multi30k: see README)")
       ->check(CLI::IsMember({"pre", "post"}));
   train->add_option("--threads", f->threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  train->add_option("--device", f->device, "cpu, cuda or cuda:N (a GPU needs a -DTAPESTRY_CUDA=ON build)")
+      ->check(device_flag())
+      ->capture_default_str();
   train->add_option("--step-log", f->step_log,
                     "append a TSV line per optimizer step: step, epoch, loss, tokens, lr, gradient norm");
   train->add_flag("--no-progress", f->no_progress, "no progress line on stderr");

@@ -54,6 +54,7 @@ CopyTaskResult train_copy_task(const CopyTaskOptions& o) {
   cfg.pre_norm = o.pre_norm;
   cfg.pad_id = 0;
   Transformer model(cfg);
+  model.to(Device::parse(o.device));  // before the optimizer, whose state follows the parameters
   optim::AdamOptions ao;
   ao.beta1 = 0.9, ao.beta2 = 0.98, ao.eps = 1e-9;
   optim::Adam opt(model.parameters(), ao);

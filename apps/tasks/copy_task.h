@@ -19,6 +19,7 @@ struct CopyTaskOptions {
   uint64_t seed = 1;
   bool progress = true;   // the Trainer's progress line on stderr
   std::string step_log;   // a TSV line per step (see TrainerOptions::step_log)
+  std::string device = "cpu";  // where the model trains: cpu, cuda or cuda:N (a -DTAPESTRY_CUDA=ON build)
 };
 
 struct CopyTaskResult {

@@ -205,6 +205,7 @@ LMResult train_language_model(const LMOptions& o) {
   cfg.block_size = o.block;
   cfg.dropout = o.dropout;
   GPT model(cfg);
+  model.to(Device::parse(o.device));  // before the optimizer, whose state follows the parameters
   optim::AdamOptions ao;
   ao.lr = o.lr, ao.beta1 = 0.9, ao.beta2 = 0.95, ao.eps = 1e-8, ao.weight_decay = o.weight_decay;
   optim::AdamW adamw({{model.decay_parameters(), std::nullopt, o.weight_decay},

@@ -36,6 +36,7 @@ struct LMOptions {
   int64_t limit = 0;        // train on the first N lines only (0: all)
   double time_limit = 0;    // seconds of training (0: none); the schedule still spans all epochs
   int64_t threads = 0;
+  std::string device = "cpu";  // where the model trains: cpu, cuda or cuda:N (a -DTAPESTRY_CUDA=ON build)
   bool progress = true, resume = false, overwrite = false;
   bool reshard = false;  // resume a checkpoint of a different process count (TrainerOptions::reshard)
   int64_t save_every = 0, stop_after = 0;

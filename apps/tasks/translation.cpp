@@ -128,6 +128,7 @@ std::string options_to_toml(const TranslationOptions& o) {
   line("keep", std::to_string(o.keep));
   line("average", std::to_string(o.average));
   line("threads", std::to_string(o.threads));
+  line("device", toml_string(o.device));
   return t;
 }
 
@@ -206,6 +207,7 @@ TranslationResult train_translation(const TranslationOptions& o) {
   cfg.pad_id = Subword::kPad;
   cfg.pre_norm = o.pre_norm;
   Transformer model(cfg);
+  model.to(Device::parse(o.device));  // before the optimizer, whose state follows the parameters
   optim::AdamOptions ao;
   ao.beta1 = 0.9, ao.beta2 = 0.98, ao.eps = 1e-9;
   optim::Adam adam(model.parameters(), ao);

@@ -51,6 +51,7 @@ struct TranslationOptions {
   double clip_norm = 0;      // clip the global gradient norm to this before each step (0: no clipping)
   bool pre_norm = false;     // pre-norm layers (x + Sublayer(LayerNorm(x))) instead of the paper's post-norm
   int64_t threads = 0;       // 0: all cores
+  std::string device = "cpu";  // where the model trains: cpu, cuda or cuda:N (a -DTAPESTRY_CUDA=ON build)
   std::string step_log;      // a TSV line per optimizer step (Trainer: step, epoch, loss, tokens, lr, grad norm)
 };
 

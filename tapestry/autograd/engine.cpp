@@ -143,7 +143,7 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
              "backward: a gradient can be implied only for a scalar output, but the output has shape {}; pass "
              "backward(grad) explicitly",
              root.sizes());
-    grad = ones(root.sizes(), root.dtype());
+    grad = ones(root.sizes(), root.options());
   }
   TP_CHECK(grad.sizes() == root.sizes() && grad.dtype() == root.dtype(),
            "backward: the gradient ({} {}) must match the output ({} {})", grad.dtype(), grad.sizes(), root.dtype(),
@@ -202,7 +202,7 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
         if (sole) {
           leaf.grad = gl.impl_ptr();
         } else {
-          Tensor copy = empty(gl.sizes(), gl.dtype());
+          Tensor copy = empty(gl.sizes(), gl.options());
           kernels::copy_(copy, gl);
           leaf.grad = copy.impl_ptr();
         }

@@ -101,6 +101,7 @@ Tensor unsqueeze(const Tensor& a, int64_t dim);
 Tensor contiguous(const Tensor& a);
 Tensor clone(const Tensor& a);
 Tensor to(const Tensor& a, DType dtype);
+Tensor to(const Tensor& a, Device device);  // a copy on device (a itself when already there)
 
 // ---- indexing and joining (ops_index.cpp)
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);

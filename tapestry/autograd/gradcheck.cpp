@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "tapestry/autograd/functions.h"
+#include "tapestry/ops/cuda.h"
 
 namespace tapestry {
 
@@ -53,7 +54,7 @@ bool gradcheck(const std::function<Tensor(const TensorList&)>& f, const TensorLi
   Tensor out = f(inputs);
   TP_CHECK(out.dtype() == DType::Float64, "gradcheck: f returned {}, expected float64", out.dtype());
   Generator gen(opt.seed);
-  Tensor v = randn(out.sizes(), DType::Float64, &gen);
+  Tensor v = randn(out.sizes(), TensorOptions(DType::Float64, out.device()), &gen);  // the CPU's draws, on f's device
   if (out.requires_grad()) sum(mul(out, v)).backward();
 
   auto objective = [&]() {
@@ -67,14 +68,22 @@ bool gradcheck(const std::function<Tensor(const TensorList&)>& f, const TensorLi
                                                       : std::vector<double>(static_cast<size_t>(x.numel()), 0.0);
     double* base = static_cast<double*>(x.storage()->data);
     std::vector<int64_t> offs = element_offsets(x);
+    // One element of storage, read and written in place; on a GPU through 8-byte copies.
+    auto get = [&](int64_t off) {
+      double value = 0;
+      cuda::detail::copy_bytes(&value, Device::CPU, base + off, x.device(), sizeof value);
+      return value;
+    };
+    auto set = [&](int64_t off, double value) {
+      cuda::detail::copy_bytes(base + off, x.device(), &value, Device::CPU, sizeof value);
+    };
     for (size_t j = 0; j < offs.size(); ++j) {
-      double& elem = base[offs[j]];
-      const double orig = elem;
-      elem = orig + opt.eps;
+      const double orig = get(offs[j]);
+      set(offs[j], orig + opt.eps);
       double plus = objective();
-      elem = orig - opt.eps;
+      set(offs[j], orig - opt.eps);
       double minus = objective();
-      elem = orig;
+      set(offs[j], orig);
       double numeric = (plus - minus) / (2 * opt.eps);
       double err = std::fabs(analytic[j] - numeric);
       TP_CHECK(err <= opt.atol + opt.rtol * std::fabs(numeric),

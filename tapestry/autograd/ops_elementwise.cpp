@@ -9,7 +9,7 @@ using kernels::Binary;
 using kernels::Unary;
 
 namespace {
-Tensor scalar_like(double v, const Tensor& a) { return scalar_tensor(v, a.dtype()); }
+Tensor scalar_like(double v, const Tensor& a) { return scalar_tensor(v, a.options()); }
 Tensor zero_like_scalar(const Tensor& a) { return scalar_like(0.0, a); }
 }  // namespace
 
@@ -93,13 +93,13 @@ Tensor gt(const Tensor& a, double b) { return gt(a, scalar_like(b, a)); }
 Tensor ge(const Tensor& a, double b) { return ge(a, scalar_like(b, a)); }
 Tensor logical_not(const Tensor& mask) {
   TP_CHECK(mask.dtype() == DType::Bool, "logical_not: expected a bool mask, got {} {}", mask.dtype(), mask.sizes());
-  return kernels::binary("logical_not", Binary::Eq, mask, scalar_tensor(0.0, DType::Bool));
+  return kernels::binary("logical_not", Binary::Eq, mask, scalar_tensor(0.0, TensorOptions(DType::Bool, mask.device())));
 }
 
 Tensor logical_or(const Tensor& a, const Tensor& b) {
   TP_CHECK(a.dtype() == DType::Bool && b.dtype() == DType::Bool, "logical_or: expected bool masks, got {} {} and {} {}",
            a.dtype(), a.sizes(), b.dtype(), b.sizes());
-  return kernels::where("logical_or", a, scalar_tensor(1.0, DType::Bool), b);
+  return kernels::where("logical_or", a, scalar_tensor(1.0, TensorOptions(DType::Bool, a.device())), b);
 }
 
 // ---- unary

@@ -9,7 +9,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothin
                      Reduction reduction) {
   auto r = kernels::cross_entropy(logits, target, smoothing, ignore_index);
   double scale = reduction == Reduction::Mean ? (r.count > 0 ? 1.0 / static_cast<double>(r.count) : 0.0) : 1.0;
-  Tensor loss = kernels::binary("cross_entropy", kernels::Binary::Mul, r.loss_sum, scalar_tensor(scale, logits.dtype()));
+  Tensor loss = kernels::binary("cross_entropy", kernels::Binary::Mul, r.loss_sum, scalar_tensor(scale, logits.options()));
   if (!any_requires_grad({logits})) return loss;
   SavedTensor sx(logits, "CrossEntropyBackward"), st(target, "CrossEntropyBackward");
   Tensor lse = r.lse;

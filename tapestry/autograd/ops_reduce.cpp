@@ -74,7 +74,7 @@ Tensor extremum_all(const char* op, const char* node, Reduce kind, const Tensor&
     Tensor yv = y.get();
     Tensor mask = std::isnan(yv.item<double>()) ? ne(x.get(), x.get()) : eq(x.get(), yv);
     Tensor count = kernels::to_dtype(sum(mask), g.dtype());
-    return TensorList{where(mask, div(g, count), scalar_tensor(0.0, g.dtype()))};
+    return TensorList{where(mask, div(g, count), scalar_tensor(0.0, g.options()))};
   });
 }
 

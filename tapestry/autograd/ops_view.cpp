@@ -149,7 +149,7 @@ Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end, int64_t s
   Tensor out = alias(a, s, st, wrapping_add_mul(a.offset(), start, a.stride(dim)));
   Shape in = a.sizes();
   return record("SliceBackward", out, {a}, [in, dim, start, end, step](const Tensor& g) {
-    Tensor ga = zeros(in, g.dtype());
+    Tensor ga = zeros(in, g.options());
     kernels::copy_(slice(ga, dim, start, end, step), g);
     return TensorList{ga};
   });
@@ -168,7 +168,7 @@ Tensor select(const Tensor& a, int64_t dim, int64_t index) {
   Tensor out = alias(a, s, st, wrapping_add_mul(a.offset(), index, a.stride(dim)));
   Shape in = a.sizes();
   return record("SelectBackward", out, {a}, [in, dim, index](const Tensor& g) {
-    Tensor ga = zeros(in, g.dtype());
+    Tensor ga = zeros(in, g.options());
     kernels::copy_(select(ga, dim, index), g);
     return TensorList{ga};
   });
@@ -233,7 +233,7 @@ Tensor contiguous(const Tensor& a) {
 }
 
 Tensor clone(const Tensor& a) {
-  Tensor out = empty(a.sizes(), a.dtype());
+  Tensor out = empty(a.sizes(), a.options());
   kernels::copy_(out, a);
   return record("CloneBackward", out, {a}, [](const Tensor& g) { return TensorList{g}; });
 }
@@ -245,6 +245,19 @@ Tensor to(const Tensor& a, DType dtype) {
            "to: cannot convert a tensor that requires grad to {} (gradients need a floating type)", dtype);
   return record("ToBackward", kernels::to_dtype(a, dtype), {a},
                 [in](const Tensor& g) { return TensorList{kernels::to_dtype(g, in)}; });
+}
+
+Tensor to(const Tensor& a, Device device) {
+  if (a.device() == device) return a;
+  Device in = a.device();
+  Tensor out = empty(a.sizes(), TensorOptions(a.dtype(), device));
+  kernels::copy_(out, a);
+  out.impl().storage->version = 0;
+  return record("ToDeviceBackward", out, {a}, [in](const Tensor& g) {
+    Tensor back = empty(g.sizes(), TensorOptions(g.dtype(), in));
+    kernels::copy_(back, g);
+    return TensorList{back};
+  });
 }
 
 }  // namespace tapestry

@@ -70,6 +70,7 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
 Tensor Tensor::contiguous() const { return tapestry::contiguous(*this); }
 Tensor Tensor::clone() const { return tapestry::clone(*this); }
 Tensor Tensor::to(DType dtype) const { return tapestry::to(*this, dtype); }
+Tensor Tensor::to(Device device) const { return tapestry::to(*this, device); }
 
 Tensor Tensor::exp() const { return tapestry::exp(*this); }
 Tensor Tensor::log() const { return tapestry::log(*this); }
@@ -127,7 +128,7 @@ bool inplace_recorded(const char* op, Tensor& self, const TensorList& operands, 
   return true;
 }
 
-Tensor all_true(const Tensor& t) { return full({}, 1.0, DType::Bool).expand(t.sizes()); }
+Tensor all_true(const Tensor& t) { return full({}, 1.0, TensorOptions(DType::Bool, t.device())).expand(t.sizes()); }
 
 }  // namespace
 
@@ -153,7 +154,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   if (!inplace_recorded("add_", *this, {other},
                         [&](const Tensor& t) { return alpha == 1.0 ? add(t, other) : add(t, mul(other, alpha)); }))
     kernels::binary_("add_", kernels::Binary::Add, *this,
-                     alpha == 1.0 ? other : kernels::binary("add_", kernels::Binary::Mul, other, scalar_tensor(alpha, other.dtype())));
+                     alpha == 1.0 ? other : kernels::binary("add_", kernels::Binary::Mul, other, scalar_tensor(alpha, other.options())));
   return *this;
 }
 Tensor& Tensor::add_(double value) {

@@ -28,11 +28,11 @@ Tensor next_log_probs(Transformer& model, const std::vector<std::vector<int64_t>
   if (cache) {
     std::vector<int64_t> last;
     for (auto& p : prefixes) last.push_back(p.back());
-    hidden = model.decode(tensor(last, {rows, 1}), memory, src_mask, Tensor(), cache, len - 1);
+    hidden = model.decode(tensor(last, {rows, 1}).to(memory.device()), memory, src_mask, Tensor(), cache, len - 1);
   } else {
     std::vector<int64_t> all;
     for (auto& p : prefixes) all.insert(all.end(), p.begin(), p.end());
-    Tensor ys = tensor(all, {rows, len});
+    Tensor ys = tensor(all, {rows, len}).to(memory.device());
     hidden = model.decode(ys, memory, src_mask, model.target_mask(ys)).select(1, len - 1).unsqueeze(1);
   }
   Tensor lp = log_softmax(model.generate(hidden).select(1, 0), -1);
@@ -101,7 +101,7 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
   std::vector<int64_t> rep;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t k = 0; k < K; ++k) rep.push_back(b);
-  Tensor rep_idx = tensor(rep);
+  Tensor rep_idx = tensor(rep).to(src.device());
   Tensor memory = index_select(memory0, 0, rep_idx), src_mask = index_select(src_mask0, 0, rep_idx);
   std::vector<int64_t> lens = source_lengths(src, pad);
 
@@ -180,7 +180,7 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
     scores = std::move(next_scores);
     if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
     if (opt.use_cache) {  // each row continues the beam it came from
-      Tensor idx = tensor(origin);
+      Tensor idx = tensor(origin).to(src.device());
       for (auto& c : cache.self_attn) {
         c.k = index_select(c.k, 0, idx);
         c.v = index_select(c.v, 0, idx);

@@ -100,13 +100,19 @@ void GPT::check_ids(const Tensor& ids, const GPTCache* cache) const {
            "GPT: {} positions{} exceed the context of {} (block_size); crop the input or use a config with a longer "
            "block_size", past + ids.size(1), past ? fmt::format(" ({} cached)", past) : std::string(),
            config.block_size);
-  if (ids.numel() == 0) return;
+  // On a GPU the embedding's kernel checks the range (see Transformer::check_ids).
+  if (ids.numel() == 0 || !ids.device().is_cpu()) return;
   const int64_t lo = min(ids).item<int64_t>(), hi = max(ids).item<int64_t>();
   TP_CHECK(lo >= 0 && hi < config.vocab, "GPT: token ids must be in [0, {}), got values in [{}, {}]", config.vocab,
            lo, hi);
 }
 
-Tensor GPT::forward(const Tensor& ids, GPTCache* cache, const Tensor& positions, const Tensor& mask) {
+Tensor GPT::forward(const Tensor& ids_in, GPTCache* cache, const Tensor& positions_in, const Tensor& mask_in) {
+  // Inputs may come from the host: they go to the model's device (one copy per batch).
+  const Device device = wte->weight.device();
+  const Tensor ids = ids_in.to(device);
+  const Tensor positions = positions_in.defined() ? positions_in.to(device) : positions_in;
+  const Tensor mask = mask_in.defined() ? mask_in.to(device) : mask_in;
   check_ids(ids, cache);
   const int64_t T = ids.size(1), past = cache ? cache->length() : 0;
   Tensor pos;
@@ -116,7 +122,7 @@ Tensor GPT::forward(const Tensor& ids, GPTCache* cache, const Tensor& positions,
              positions.sizes());
     pos = wpe->forward(positions);  // [B, T, D]; the embedding checks the range
   } else {
-    pos = wpe->forward(arange(past + T).slice(0, past, past + T));  // [T, D]
+    pos = wpe->forward(arange(past + T, TensorOptions(DType::Int64, ids.device())).slice(0, past, past + T));  // [T, D]
   }
   Tensor x = drop->forward(wte->forward(ids) + pos);
   // Without cached keys the causal mask is the fused kernel's flag; new tokens after cached
@@ -124,7 +130,8 @@ Tensor GPT::forward(const Tensor& ids, GPTCache* cache, const Tensor& positions,
   bool causal = past == 0 && T > 1;
   Tensor attn_mask = mask;
   if (past > 0 && T > 1) {
-    Tensor future = gt(arange(past + T).unsqueeze(0), add(arange(T), static_cast<double>(past)).unsqueeze(1));
+    const TensorOptions on(DType::Int64, ids.device());
+    Tensor future = gt(arange(past + T, on).unsqueeze(0), add(arange(T, on), static_cast<double>(past)).unsqueeze(1));
     attn_mask = attn_mask.defined() ? logical_or(attn_mask, future) : future;
   }
   if (cache && cache->layers.empty()) cache->layers.resize(blocks->size());
@@ -138,7 +145,7 @@ Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
            "GPT::loss: targets must be int64 {} like the ids, got {} {}", ids.sizes(), targets.dtype(),
            targets.sizes());
   Tensor logits = forward(ids);
-  return cross_entropy(logits.reshape({-1, config.vocab}), targets.reshape({-1}), 0.0, -100);
+  return cross_entropy(logits.reshape({-1, config.vocab}), targets.to(logits.device()).reshape({-1}), 0.0, -100);
 }
 
 std::vector<Tensor> GPT::decay_parameters() const {

@@ -31,11 +31,11 @@ Tensor sample_next(const Tensor& logits_in, const SampleOptions& o, Generator& g
     Tensor mass_before = sub(cumsum(probs, 1), probs);  // mass of the tokens ranked above
     std::vector<int64_t> keep = sum(lt(mass_before, o.top_p), {1}).to_vector<int64_t>();
     std::vector<float> cut(keep.size());
-    Tensor sorted_c = sorted.contiguous();
+    Tensor sorted_c = sorted.to(Device::CPU).contiguous();
     const float* ps = sorted_c.data_ptr<float>();
     for (size_t b = 0; b < keep.size(); ++b)
       cut[b] = ps[static_cast<int64_t>(b) * V + std::max<int64_t>(keep[b], 1) - 1];
-    logits = masked_fill(logits, lt(logits, tensor(cut, {static_cast<int64_t>(cut.size()), 1})), neg_inf);
+    logits = masked_fill(logits, lt(logits, tensor(cut, {static_cast<int64_t>(cut.size()), 1}).to(logits.device())), neg_inf);
   }
   return multinomial(softmax(logits, 1), 1, false, &gen);  // [B, 1]
 }
@@ -76,14 +76,15 @@ std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<std::ve
       }
     }
   }
-  Tensor keys_masked = ne(tensor(pad_mask, {B, L}), 0.0);  // [B, L], true at padding
+  const Device device = model.parameters().front().device();  // inputs go where the model is
+  Tensor keys_masked = ne(tensor(pad_mask, {B, L}).to(device), 0.0);  // [B, L], true at padding
   const bool any_pad = std::any_of(pad_mask.begin(), pad_mask.end(), [](int64_t m) { return m != 0; });
   auto mask_now = [&]() { return any_pad ? keys_masked.unsqueeze(1).unsqueeze(1) : Tensor(); };
 
   std::vector<std::vector<int64_t>> out(prompts.size());
   std::vector<bool> done(prompts.size(), false);
   GPTCache cache;
-  Tensor logits = model.forward(tensor(ids, {B, L}), &cache, tensor(pos, {B, L}), mask_now());
+  Tensor logits = model.forward(tensor(ids, {B, L}).to(device), &cache, tensor(pos, {B, L}).to(device), mask_now());
   for (int64_t step = 0; step < max_new; ++step) {
     Tensor last = logits.select(1, logits.size(1) - 1);  // [B, V]
     std::vector<int64_t> next = sample_next(last, o, gen).reshape({B}).to_vector<int64_t>();
@@ -98,8 +99,8 @@ std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<std::ve
     if (all_done || step + 1 == max_new || cache.length() >= model.config.block_size) break;
     std::vector<int64_t> step_pos(static_cast<size_t>(B));
     for (int64_t b = 0; b < B; ++b) step_pos[b] = length[b] + step;
-    if (any_pad) keys_masked = cat({keys_masked, zeros({B, 1}, DType::Bool)}, 1);
-    logits = model.forward(tensor(next, {B, 1}), &cache, tensor(step_pos, {B, 1}), mask_now());
+    if (any_pad) keys_masked = cat({keys_masked, zeros({B, 1}, TensorOptions(DType::Bool, keys_masked.device()))}, 1);
+    logits = model.forward(tensor(next, {B, 1}).to(device), &cache, tensor(step_pos, {B, 1}).to(device), mask_now());
   }
   if (was_training) model.train();
   return out;

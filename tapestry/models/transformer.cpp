@@ -121,6 +121,9 @@ void Transformer::check_ids(const char* what, const Tensor& ids, int64_t vocab) 
   TP_CHECK(ids.dtype() == DType::Int64 && ids.dim() == 2, "Transformer: {} ids must be int64 [B, T], got {} {}", what,
            ids.dtype(), ids.sizes());
   TP_CHECK(ids.numel() > 0, "Transformer: empty batch ({} shape {})", what, ids.sizes());
+  // On a GPU the range is checked by the embedding's kernel (an error flag read at the next
+  // synchronisation) instead of a host copy of every batch.
+  if (!ids.device().is_cpu()) return;
   for (int64_t v : ids.to_vector<int64_t>())
     TP_CHECK(v >= 0 && v < vocab, "Transformer: {} token id {} is out of range for a vocabulary of {}", what, v, vocab);
 }
@@ -131,7 +134,7 @@ Tensor Transformer::source_mask(const Tensor& src) const {
 
 Tensor Transformer::target_mask(const Tensor& tgt) const {
   const int64_t T = tgt.size(1);
-  Tensor future = gt(arange(T).unsqueeze(0), arange(T).unsqueeze(1));  // [T, T]: key j > query i
+  Tensor future = nn::causal_mask(T, T, tgt.device());  // [T, T]: key j > query i
   return logical_or(source_mask(tgt), future);                          // [B, 1, T, T]
 }
 
@@ -164,7 +167,10 @@ Tensor Transformer::decode(const Tensor& tgt, const Tensor& memory, const Tensor
 
 Tensor Transformer::generate(const Tensor& hidden) { return generator->forward(hidden); }
 
-Tensor Transformer::forward(const Tensor& src, const Tensor& tgt_in) {
+Tensor Transformer::forward(const Tensor& src_in, const Tensor& tgt_in_any) {
+  // Token ids may come from the host: they go to the model's device (one copy per batch).
+  const Device device = src_embed->weight.device();
+  const Tensor src = src_in.to(device), tgt_in = tgt_in_any.to(device);
   TP_CHECK(src.dim() == 2 && tgt_in.dim() == 2 && src.size(0) == tgt_in.size(0),
            "Transformer: source {} and target {} must be [B, S] and [B, T] with the same B", src.sizes(),
            tgt_in.sizes());
@@ -177,7 +183,8 @@ Tensor Transformer::loss(const Tensor& src, const Tensor& tgt_in, const Tensor& 
   TP_CHECK(tgt_out.sizes() == tgt_in.sizes(), "Transformer::loss: tgt_out {} must match tgt_in {}", tgt_out.sizes(),
            tgt_in.sizes());
   Tensor logits = forward(src, tgt_in);
-  return cross_entropy(logits.reshape({-1, config.tgt_vocab}), tgt_out.reshape({-1}), label_smoothing, config.pad_id);
+  return cross_entropy(logits.reshape({-1, config.tgt_vocab}), tgt_out.to(logits.device()).reshape({-1}),
+                       label_smoothing, config.pad_id);
 }
 
 }  // namespace tapestry::models

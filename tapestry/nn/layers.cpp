@@ -58,7 +58,10 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_model_, int64_t heads_, double 
   dropout = register_module("dropout", std::make_shared<Dropout>(p));
 }
 
-Tensor causal_mask(int64_t tq, int64_t tk) { return gt(arange(tk).unsqueeze(0), arange(tq).unsqueeze(1)); }
+Tensor causal_mask(int64_t tq, int64_t tk, Device device) {
+  const TensorOptions ids(DType::Int64, device);
+  return gt(arange(tk, ids).unsqueeze(0), arange(tq, ids).unsqueeze(1));
+}
 
 Tensor MultiHeadAttention::split_heads(const Tensor& x) const {
   return x.view({x.size(0), x.size(1), heads, d_k}).transpose(1, 2);
@@ -114,7 +117,7 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const
     NoGradGuard no_grad;
     Tensor scores = matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(d_k)));
     if (mask.defined()) scores = masked_fill(scores, mask, -1e9);
-    if (causal) scores = masked_fill(scores, causal_mask(q.size(2), k.size(2)), -1e9);
+    if (causal) scores = masked_fill(scores, causal_mask(q.size(2), k.size(2), q.device()), -1e9);
     last_attention = softmax(scores, -1);
   }
   const double p = is_training() ? dropout->p : 0.0;
@@ -140,7 +143,8 @@ PositionalEncoding::PositionalEncoding(int64_t d_model_, double p, int64_t max_l
 
 void PositionalEncoding::grow(int64_t len) {
   // PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D))
-  table_ = empty({len, d_model});
+  const Device device = table_.defined() ? table_.device() : Device::CPU;
+  table_ = empty({len, d_model});  // written on the host, then moved to where the old table was
   float* p = table_.data_ptr<float>();
   for (int64_t pos = 0; pos < len; ++pos)
     for (int64_t i = 0; i < d_model; i += 2) {
@@ -148,12 +152,14 @@ void PositionalEncoding::grow(int64_t len) {
       p[pos * d_model + i] = static_cast<float>(std::sin(angle));
       if (i + 1 < d_model) p[pos * d_model + i + 1] = static_cast<float>(std::cos(angle));
     }
+  table_ = table_.to(device);
 }
 
 Tensor PositionalEncoding::forward(const Tensor& x, int64_t offset) {
   TP_CHECK(x.dim() == 3 && x.size(2) == d_model, "PositionalEncoding: expected [B, T, {}], got {}", d_model,
            x.sizes());
   int64_t end = offset + x.size(1);
+  if (table_.device() != x.device()) table_ = table_.to(x.device());  // moved once, kept there
   if (end > table_.size(0)) grow(std::max(end, 2 * table_.size(0)));
   Tensor pe = table_.slice(0, offset, end);
   if (x.dtype() != pe.dtype()) pe = pe.to(x.dtype());

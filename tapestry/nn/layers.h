@@ -73,7 +73,7 @@ class Sequential : public Module {
 };
 
 // [tq, tk] Bool, true where key j lies in the future of query i (j > i).
-Tensor causal_mask(int64_t tq, int64_t tk);
+Tensor causal_mask(int64_t tq, int64_t tk, Device device = Device::CPU);
 
 // Cached keys and values of one attention layer for incremental decoding: [B, H, T, K].
 struct KVCache {

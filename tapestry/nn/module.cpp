@@ -80,6 +80,28 @@ Module& Module::to(DType dtype) {
   return *this;
 }
 
+Device Module::device() const {
+  std::vector<Tensor> params = parameters();
+  return params.empty() ? Device::CPU : params.front().device();
+}
+
+Module& Module::to(Device device) {
+  NoGradGuard no_grad;
+  for (auto& [name, t] : state_dict()) {
+    if (t.device() == device) continue;
+    TP_CHECK(t.is_leaf(), "Module::to: '{}' is not a leaf", name);
+    Tensor moved = t.to(device).contiguous();
+    TensorImpl& impl = t.impl();  // in place, as to(DType)
+    impl.storage = moved.impl().storage;
+    impl.shape = moved.sizes();
+    impl.strides = moved.strides();
+    impl.offset = moved.offset();
+    impl.grad.reset();
+    impl.grad_accumulator.reset();
+  }
+  return *this;
+}
+
 
 Tensor Module::register_buffer(const std::string& name, Tensor value) {
   check_name("register_buffer", name);

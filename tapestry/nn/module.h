@@ -58,6 +58,12 @@ class Module {
   // dropped. Module::to(DType::Float64) makes a whole model gradcheckable. Create optimizers
   // after converting: their moment buffers keep the dtype they were made with.
   Module& to(DType dtype);
+  // Moves every parameter and buffer to `device` in place, the same way (identity kept,
+  // gradients dropped). Create optimizers after moving: their state lives where the parameters
+  // were when they first stepped (loading an optimizer state puts it on the parameters' device).
+  Module& to(Device device);
+  // Where the parameters are (the first one's device; the CPU for a module without any).
+  Device device() const;
 
   // The dotted path under which this module is registered in its root ("decoder.0.src_attn"),
   // empty for a root; errors name a layer by it (describe()).

@@ -102,7 +102,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   std::string data;
   for (auto& [name, t] : tensors) {
     TP_CHECK(name != "__metadata__" && !entries.contains(name), "save_safetensors: tensor name '{}' appears twice or is reserved", name);
-    Tensor c = kernels::contiguous(t);
+    Tensor c = kernels::contiguous(t.detach().to(Device::CPU));  // GPU tensors are written from a host copy
     size_t nbytes = static_cast<size_t>(c.numel()) * dtype_size(c.dtype());
     entries[name] = {{"dtype", safetensors_dtype(c.dtype())}, {"shape", c.sizes()}, {"data_offsets", {data.size(), data.size() + nbytes}}};
     data.append(static_cast<const char*>(c.raw_data()), nbytes);

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "tapestry/ops/error.h"
 
@@ -9,7 +10,28 @@ namespace tapestry {
 
 // Bool is the element type of masks (comparisons, where, masked_fill); stored as one byte.
 enum class DType : uint8_t { Float32, Float64, Int64, Bool };
-enum class Device : uint8_t { CPU, CUDA };
+
+// Where a tensor's memory lives: the CPU, or GPU number `index` of the CUDA backend (a build
+// with -DTAPESTRY_CUDA=ON). Device::CPU and Device::CUDA (GPU 0) read as PyTorch's strings do.
+enum class DeviceType : uint8_t { CPU, CUDA };
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int16_t index = 0;  // which GPU; always 0 for the CPU
+
+  constexpr Device() = default;
+  constexpr Device(DeviceType t, int i = 0) : type(t), index(static_cast<int16_t>(t == DeviceType::CPU ? 0 : i)) {}  // NOLINT
+  static const Device CPU;
+  static const Device CUDA;
+  // "cpu", "cuda", "cuda:1"; anything else throws an Error naming the string.
+  static Device parse(std::string_view name);
+
+  bool is_cpu() const { return type == DeviceType::CPU; }
+  bool is_cuda() const { return type == DeviceType::CUDA; }
+  friend constexpr bool operator==(Device a, Device b) { return a.type == b.type && a.index == b.index; }
+  friend constexpr bool operator!=(Device a, Device b) { return !(a == b); }
+};
+inline constexpr Device Device::CPU{DeviceType::CPU, 0};
+inline constexpr Device Device::CUDA{DeviceType::CUDA, 0};
 
 constexpr DType kFloat32 = DType::Float32;
 constexpr DType kFloat64 = DType::Float64;
@@ -25,7 +47,23 @@ inline const char* dtype_name(DType t) {
   }
   return "?";
 }
-inline const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
+inline std::string device_name(Device d) {
+  return d.is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(d.index);
+}
+inline Device Device::parse(std::string_view name) {
+  if (name == "cpu") return CPU;
+  if (name == "cuda") return CUDA;
+  if (name.substr(0, 5) == "cuda:" && name.size() > 5 && name.size() <= 8) {
+    int index = 0;
+    for (char c : name.substr(5)) {
+      if (c < '0' || c > '9') index = -1;
+      if (index < 0) break;
+      index = index * 10 + (c - '0');
+    }
+    if (index >= 0) return Device(DeviceType::CUDA, index);
+  }
+  throw Error(fmt::format("device: '{}' is not a device; expected cpu, cuda or cuda:N", name));
+}
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -82,6 +120,12 @@ decltype(auto) dispatch_numeric(DType t, const char* op, F&& f) {
 }
 
 }  // namespace tapestry
+
+template <> struct fmt::formatter<tapestry::Device> : fmt::formatter<std::string_view> {
+  template <class Ctx> auto format(tapestry::Device d, Ctx& ctx) const {
+    return fmt::formatter<std::string_view>::format(tapestry::device_name(d), ctx);
+  }
+};
 
 template <> struct fmt::formatter<tapestry::DType> : fmt::formatter<std::string_view> {
   template <class Ctx> auto format(tapestry::DType t, Ctx& ctx) const {

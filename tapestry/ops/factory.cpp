@@ -54,10 +54,25 @@ Tensor full(const Shape& shape, double value, TensorOptions opts) {
 Tensor zeros(const Shape& shape, TensorOptions opts) { return full(shape, 0.0, opts); }
 Tensor ones(const Shape& shape, TensorOptions opts) { return full(shape, 1.0, opts); }
 Tensor scalar_tensor(double value, TensorOptions opts) { return full({}, value, opts); }
-Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.dtype()); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), t.dtype()); }
-Tensor ones_like(const Tensor& t) { return ones(t.sizes(), t.dtype()); }
-Tensor full_like(const Tensor& t, double value) { return full(t.sizes(), value, t.dtype()); }
+Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.options()); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), t.options()); }
+Tensor ones_like(const Tensor& t) { return ones(t.sizes(), t.options()); }
+Tensor full_like(const Tensor& t, double value) { return full(t.sizes(), value, t.options()); }
+
+namespace {
+// Tensors whose values are made on the host (ranges, literals, random draws) are made on the
+// CPU and then moved: the same seed gives the same numbers on every device.
+Tensor finish(Tensor t, const TensorOptions& opts) {
+  if (!opts.device.is_cpu()) {
+    Tensor moved = empty(t.sizes(), TensorOptions(t.dtype(), opts.device));
+    kernels::copy_(moved, t);
+    t = moved;
+  }
+  t.impl().storage->version = 0;
+  if (opts.requires_grad) t.requires_grad_();
+  return t;
+}
+}  // namespace
 
 Tensor arange(double start, double end, double step, TensorOptions opts) {
   TP_CHECK(step != 0, "arange: step must be non-zero");
@@ -69,8 +84,7 @@ Tensor arange(double start, double end, double step, TensorOptions opts) {
     T* p = t.data_ptr<T>();
     for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(start + static_cast<double>(i) * step);
   });
-  if (opts.requires_grad) t.requires_grad_();
-  return t;
+  return finish(t, opts);
 }
 
 Tensor arange(int64_t end, TensorOptions opts) { return arange(0.0, static_cast<double>(end), 1.0, opts); }
@@ -87,8 +101,7 @@ Tensor from_values(const S* values, size_t count, const Shape& shape_in, TensorO
     T* p = t.data_ptr<T>();
     for (size_t i = 0; i < count; ++i) p[i] = static_cast<T>(values[i]);
   });
-  if (opts.requires_grad) t.requires_grad_();
-  return t;
+  return finish(t, opts);
 }
 }  // namespace
 
@@ -103,25 +116,21 @@ Tensor tensor(std::initializer_list<int> v, const Shape& s, TensorOptions o) { r
 Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
   Tensor t = empty(shape, opts.dtype);
   kernels::normal_(t, 0.0, 1.0, (gen ? *gen : default_generator()).engine());
-  t.impl().storage->version = 0;
-  if (opts.requires_grad) t.requires_grad_();
-  return t;
+  return finish(t, opts);
 }
 
 Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
   Tensor t = empty(shape, opts.dtype);
   kernels::uniform_(t, 0.0, 1.0, (gen ? *gen : default_generator()).engine());
-  t.impl().storage->version = 0;
-  if (opts.requires_grad) t.requires_grad_();
-  return t;
+  return finish(t, opts);
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Generator* gen) {
   TP_CHECK(low < high, "randint: empty range [{}, {})", low, high);
   Tensor t = empty(shape, opts.dtype);
   kernels::randint_(t, low, high, (gen ? *gen : default_generator()).engine());
-  t.impl().storage->version = 0;
-  return t;
+  opts.requires_grad = false;  // integers carry no gradient
+  return finish(t, opts);
 }
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {

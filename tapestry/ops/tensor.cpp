@@ -7,6 +7,8 @@
 #include <malloc.h>
 #include <sstream>
 
+#include "tapestry/ops/cuda.h"
+#include "tapestry/ops/factory.h"
 #include "tapestry/ops/kernels.h"
 
 namespace tapestry {
@@ -27,15 +29,20 @@ const bool heap_tuned = [] {
 
 Storage::Storage(size_t nbytes_, Device device_) : nbytes(nbytes_), device(device_) {
   (void)heap_tuned;
-  TP_CHECK(device == Device::CPU, "Storage: device {} is not built in: this build has only the cpu backend",
-           device_name(device));
+  if (device.is_cuda()) {
+    data = cuda::detail::allocate(nbytes, device);  // the caching allocator (ops/cuda/runtime.cu)
+    return;
+  }
   // 64-byte alignment for SIMD; aligned_alloc needs a size that is a multiple of the alignment.
   size_t padded = (nbytes + 63) / 64 * 64;
   data = std::aligned_alloc(64, padded == 0 ? 64 : padded);
   TP_CHECK(data != nullptr, "Storage: out of memory allocating {} bytes", nbytes);
 }
 
-Storage::~Storage() { std::free(data); }
+Storage::~Storage() {
+  if (device.is_cuda()) cuda::detail::release(data, nbytes, device);
+  else std::free(data);
+}
 
 Tensor make_tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype) {
   TP_CHECK(static_cast<int64_t>(shape.size()) <= kMaxDims, "tensor: at most {} dims are supported, got {}", kMaxDims,
@@ -93,12 +100,23 @@ template double* Tensor::data_ptr<double>() const;
 template int64_t* Tensor::data_ptr<int64_t>() const;
 template bool* Tensor::data_ptr<bool>() const;
 
+namespace {
+// t itself on the CPU; otherwise a CPU copy (which synchronises with the device and so reports
+// any pending device-side error).
+Tensor on_host(const Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  Tensor host = empty(t.sizes(), TensorOptions(t.dtype(), Device::CPU));
+  kernels::copy_(host, t);
+  return host;
+}
+}  // namespace
+
 template <class T> T Tensor::item() const {
   TP_CHECK(numel() == 1, "item: expected a tensor with one element, got shape {}", sizes());
-  kernels::check_device("item", *this);
+  Tensor host = on_host(*this);
   return dispatch(dtype(), [&](auto tag) {
     using S = typename decltype(tag)::type;
-    return static_cast<T>(*static_cast<const S*>(raw_data()));
+    return static_cast<T>(*static_cast<const S*>(host.raw_data()));
   });
 }
 template float Tensor::item<float>() const;
@@ -107,7 +125,7 @@ template int64_t Tensor::item<int64_t>() const;
 template bool Tensor::item<bool>() const;
 
 template <class T> std::vector<T> Tensor::to_vector() const {
-  Tensor c = kernels::to_dtype(*this, dtype_of<T>());
+  Tensor c = kernels::to_dtype(on_host(*this), dtype_of<T>());
   if (!c.is_contiguous()) c = kernels::contiguous(c);
   const T* p = c.data_ptr<T>();
   return std::vector<T>(p, p + c.numel());

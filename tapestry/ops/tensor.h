@@ -51,7 +51,9 @@ struct TensorOptions {
   Device device = Device::CPU;
   bool requires_grad = false;
   TensorOptions() = default;
-  TensorOptions(DType d) : dtype(d) {}  // NOLINT: implicit, so zeros({2}, kFloat64) reads well
+  TensorOptions(DType d) : dtype(d) {}     // NOLINT: implicit, so zeros({2}, kFloat64) reads well
+  TensorOptions(Device d) : device(d) {}   // NOLINT: implicit, so zeros({2}, Device::CUDA) reads well
+  TensorOptions(DType t, Device d) : dtype(t), device(d) {}
 };
 
 class Tensor;
@@ -73,13 +75,15 @@ class Tensor {
   int64_t offset() const { return impl().offset; }
   DType dtype() const { return impl().dtype; }
   Device device() const { return impl().storage->device; }
+  TensorOptions options() const { return TensorOptions(dtype(), device()); }  // dtype and device, no grad
   bool is_contiguous() const;
   const Storage* storage() const { return impl().storage.get(); }
   uint64_t version() const { return impl().storage->version; }
   TensorImpl& impl() const;
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
 
-  // Pointer to the first element (offset applied). T must match dtype().
+  // Pointer to the first element (offset applied). T must match dtype(). On a GPU tensor this is
+  // a device pointer: read values with item() or to_vector(), which copy to the host.
   template <class T> T* data_ptr() const;
   void* raw_data() const;
   // The single value of a one-element tensor, converted to T.
@@ -116,6 +120,9 @@ class Tensor {
   Tensor contiguous() const;
   Tensor clone() const;
   Tensor to(DType dtype) const;
+  // A copy on `device` (this tensor itself when already there); differentiable, as in PyTorch.
+  Tensor to(Device device) const;
+  Tensor cpu() const { return to(Device::CPU); }
 
   // ---- math (differentiable), see autograd/functions.h for the free-function forms
   Tensor exp() const;

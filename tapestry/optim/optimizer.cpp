@@ -10,7 +10,6 @@
 
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/ops/kernels.h"
-#include "tapestry/ops/cpu/loops.h"
 #include "tapestry/ops/profile.h"
 
 namespace tapestry::optim {
@@ -83,7 +82,7 @@ void Optimizer::zero_grad() {
 std::vector<Tensor>& Optimizer::buffer(const std::string& name) {
   auto& buf = buffers_[name];
   if (buf.empty())
-    for (const Tensor& p : params_) buf.push_back(zeros(p.sizes(), p.dtype()));
+    for (const Tensor& p : params_) buf.push_back(zeros(p.sizes(), p.options()));
   return buf;
 }
 
@@ -187,7 +186,7 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
     }
     auto& buf = buffers[key.substr(0, dot)];
     buf.resize(params_.size());
-    buf[*idx] = t.clone().detach();
+    buf[*idx] = t.detach().to(p.device()).clone();  // the state lives on its parameter's device
   }
   for (auto& [name, buf] : buffers)
     for (size_t i = 0; i < buf.size(); ++i)
@@ -310,44 +309,32 @@ void Adam::step() {
   auto& v_all = buffer("exp_avg_sq");
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const double glr = group_lr(gi), wd = groups_[gi].weight_decay;
-    const double step_size = glr / bc1;
+    kernels::AdamStep adam;
+    adam.beta1 = b1;
+    adam.beta2 = b2;
+    adam.eps = options.eps;
+    adam.weight_decay = wd;
+    adam.step_size = glr / bc1;
+    adam.bias_correction2_sqrt = bc2_sqrt;
+    adam.decay = 1.0 - glr * wd;
+    adam.decoupled = decoupled_;
     for (size_t i = groups_[gi].begin; i < groups_[gi].end; ++i) {
       Tensor p = params_[i], g = p.grad();
       if (!g.defined()) continue;
-      g = g.contiguous();
-      Tensor m = m_all[i], v = v_all[i];
-      dispatch_floating(p.dtype(), "Adam", [&](auto tag) {
-        using T = typename decltype(tag)::type;
-        T* pp = p.data_ptr<T>();
-        const T* pg = g.data_ptr<T>();
-        T* pm = m.data_ptr<T>();
-        T* pv = v.data_ptr<T>();
-        const T tb1 = static_cast<T>(b1), tb2 = static_cast<T>(b2), twd = static_cast<T>(wd);
-        const T decay = static_cast<T>(1.0 - glr * wd), ss = static_cast<T>(step_size), bc = static_cast<T>(bc2_sqrt);
-        const T teps = static_cast<T>(options.eps);
-        const bool decoupled = decoupled_;
-        // One pass: the same operations, in the same order, as PyTorch's single-tensor Adam.
-        cpu::parallel_for(0, p.numel(), cpu::kGrainSize, [&](int64_t b, int64_t e) {
-          for (int64_t j = b; j < e; ++j) {
-            T grad = pg[j];
-            if (decoupled) pp[j] *= decay;
-            else if (wd != 0) grad += twd * pp[j];
-            pm[j] = pm[j] * tb1 + grad * (T(1) - tb1);
-            pv[j] = pv[j] * tb2 + grad * grad * (T(1) - tb2);
-            pp[j] -= ss * pm[j] / (std::sqrt(pv[j]) / bc + teps);
-          }
-        });
-      });
-      p.impl().storage->version++;
+      kernels::adam_step_(p, g.contiguous(), m_all[i], v_all[i], adam);
     }
   }
 }
 
 double global_norm(const std::vector<Tensor>& tensors) {
   NoGradGuard no_grad;
-  double total = 0;
-  for (const Tensor& t : tensors) total += kernels::sum_of_squares(t).item<double>();
-  return std::sqrt(total);
+  // Summed on the tensors' device, then one copy to the host (one synchronisation on a GPU).
+  Tensor total;
+  for (const Tensor& t : tensors) {
+    Tensor s = kernels::sum_of_squares(t);
+    total = total.defined() ? kernels::binary("global_norm", kernels::Binary::Add, total, s) : s;
+  }
+  return total.defined() ? std::sqrt(total.item<double>()) : 0.0;
 }
 
 double grad_norm(const std::vector<Tensor>& params) {

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """The `tapestry bench` workloads in PyTorch, written the plain way a PyTorch user would.
 
-    /usr/bin/python3 tools/reference/bench_torch.py --workload small --threads 2 [--json]
+    /usr/bin/python3 tools/reference/bench_torch.py --workload small --threads 2 [--json] [--device cuda]
 
 Same model (tools/reference/transformer_ref.py: nn.Linear, nn.LayerNorm, F.softmax), same
 sizes, dropout 0.1, F.cross_entropy with label_smoothing=0.1, torch.optim.Adam, synthetic
 tokens. Greedy decoding is the Annotated Transformer's loop, which re-decodes the whole prefix
 for every new token (PyTorch's nn modules have no KV cache). Run with OMP_WAIT_POLICY=PASSIVE
 or ACTIVE set in the environment: tools/bench-compare.sh picks the faster one and says which.
+--device cuda runs the same workload on a GPU (PyTorch eager, float32, TF32 off), waiting for the
+device at the end of every timed call, as `tapestry bench --device cuda` does.
 """
 import argparse
 import json
@@ -44,17 +46,30 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     a = ap.parse_args()
+    dev = torch.device(a.device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit(f"bench_torch: --device {a.device}: this PyTorch has no usable CUDA device")
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32 as tapestry's default
+        torch.backends.cudnn.allow_tf32 = False
+
+    def wait():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
     torch.set_num_threads(a.threads)
     torch.manual_seed(1234)
     d, le, ld, h, f, v, b, s, t = WORKLOADS[a.workload]
     c = dict(src_vocab=v, tgt_vocab=v, d_model=d, heads=h, d_ff=f, enc_layers=le, dec_layers=ld, pad_id=0,
              pre_norm=False, share_embeddings=False, dropout=0.1)
-    model = Transformer(c)
+    model = Transformer(c).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     g = torch.Generator().manual_seed(42)
     src = torch.randint(3, v, (b, s), generator=g)
     tgt = torch.randint(3, v, (b, t + 1), generator=g)
+    src, tgt = src.to(dev), tgt.to(dev)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
 
     model.train()
@@ -66,6 +81,8 @@ def main():
         loss.backward()
         opt.step()
         opt.zero_grad()
+        loss.item()  # tapestry's Trainer reads the loss every step
+        wait()
         if i >= a.warmup:
             train_ms.append((time.perf_counter() - t0) * 1000)
     fwd_ms = []
@@ -73,26 +90,31 @@ def main():
         for _ in range(max(3, a.steps // 2)):
             t0 = time.perf_counter()
             model(src, tgt_in)
+            wait()
             fwd_ms.append((time.perf_counter() - t0) * 1000)
         model.eval()
         t0 = time.perf_counter()
         memory, src_mask = model.encode(src)
-        ys = torch.ones(b, 1, dtype=torch.long)
+        ys = torch.ones(b, 1, dtype=torch.long, device=dev)
         for _ in range(t):
             out = model.decode(ys, memory, src_mask)
             nxt = model.generator(out[:, -1]).argmax(-1, keepdim=True)
             ys = torch.cat([ys, nxt], dim=1)
+        wait()
         decode_ms = (time.perf_counter() - t0) * 1000
-    x, w = torch.randn(b * t, d), torch.randn(d, f)
+    x, w = torch.randn(b * t, d, device=dev), torch.randn(d, f, device=dev)
+    torch.matmul(x, w)
+    wait()
     gemm = []
     for _ in range(10):
         t0 = time.perf_counter()
         torch.matmul(x, w)
+        wait()
         gemm.append((time.perf_counter() - t0) * 1000)
 
     step = statistics.median(train_ms)
     r = {
-        "impl": "torch", "workload": a.workload, "threads": a.threads,
+        "impl": "torch", "device": a.device, "workload": a.workload, "threads": a.threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "train_ms_median": step, "train_ms_min": min(train_ms), "train_ms_max": max(train_ms),
         "tgt_tokens_per_s": b * t / (step / 1000),
@@ -103,6 +125,8 @@ def main():
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "params": sum(p.numel() for p in model.parameters()),
     }
+    if dev.type == "cuda":
+        r["peak_gpu_mib"] = torch.cuda.max_memory_allocated(dev) / 2**20
     if a.json:
         print(json.dumps(r))
     else:

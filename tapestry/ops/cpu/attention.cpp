@@ -23,10 +23,10 @@
 
 #include "tapestry/ops/cpu/loops.h"
 #include "tapestry/ops/factory.h"
-#include "tapestry/ops/kernels.h"
+#include "tapestry/ops/backend.h"
 #include "tapestry/ops/profile.h"
 
-namespace tapestry::kernels {
+namespace tapestry::kernels::cpu {
 
 namespace {
 
@@ -48,7 +48,7 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha
               beta, c, static_cast<int>(ldc));
 }
 
-// kernels::dropout's mask (cpu::dropout_keeps) over the flat index of the [BH, Tq, Tk] probabilities.
+// kernels::dropout's mask (dropout_keeps) over the flat index of the [BH, Tq, Tk] probabilities.
 struct DropoutMask {
   bool on = false;
   uint32_t key = 0, threshold = 0;
@@ -56,11 +56,11 @@ struct DropoutMask {
   DropoutMask(double p, uint64_t seed) {
     if (p <= 0) return;
     on = true;
-    threshold = cpu::dropout_threshold(p);
+    threshold = dropout_threshold(p);
     scale = 1.0 / (1.0 - p);
-    key = cpu::dropout_key(seed);
+    key = dropout_key(seed);
   }
-  bool keep(uint32_t index) const { return cpu::dropout_keeps(index, key, threshold); }
+  bool keep(uint32_t index) const { return dropout_keeps(index, key, threshold); }
 };
 
 // Where one (batch..., head) slice of each operand starts: q, k, v, out and mask share the
@@ -174,9 +174,6 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
                                           uint64_t seed) {
   TP_PROFILE("scaled_dot_product_attention");
   const char* op = "scaled_dot_product_attention";
-  check_device(op, q_in);
-  check_device(op, k_in);
-  check_device(op, v_in);
   Tensor q = rows_ok(q_in), k = rows_ok(k_in), v = rows_ok(v_in);
   Tensor m = mask.defined() ? mask : Tensor();
   Layout L = make_layout(op, q, k, v, m, is_causal);
@@ -218,12 +215,12 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
 #pragma omp simd reduction(max : mx)
             for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, Sr[c]);
             // Rescale what was accumulated under the old maximum.
-            const T alpha = row_max[r] == -std::numeric_limits<T>::infinity() ? T(0) : cpu::vexp(row_max[r] - mx);
+            const T alpha = row_max[r] == -std::numeric_limits<T>::infinity() ? T(0) : vexp(row_max[r] - mx);
             row_max[r] = mx;
             T sum = 0;
 #pragma omp simd reduction(+ : sum)
             for (int64_t c = 0; c < cols; ++c) {
-              Sr[c] = cpu::vexp(Sr[c] - mx);
+              Sr[c] = vexp(Sr[c] - mx);
               sum += Sr[c];
             }
             row_sum[r] = row_sum[r] * alpha + sum;
@@ -320,7 +317,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
 #pragma omp simd
                 for (int64_t c = 0; c < cols; ++c) {
                   const bool masked = Pr[c] == static_cast<T>(kMasked);
-                  const T p = cpu::vexp((Pr[c] - row_max) - log_sum);
+                  const T p = vexp((Pr[c] - row_max) - log_sum);
                   const T z = drop.keep(base + static_cast<uint32_t>(c)) ? dscale : T(0);
                   dPr[c] = masked ? T(0) : p * (dPr[c] * z - Dr);
                   Pr[c] = p * z;  // the dropped probabilities, for dV
@@ -329,7 +326,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
 #pragma omp simd
                 for (int64_t c = 0; c < cols; ++c) {
                   const bool masked = Pr[c] == static_cast<T>(kMasked);
-                  const T p = cpu::vexp((Pr[c] - row_max) - log_sum);
+                  const T p = vexp((Pr[c] - row_max) - log_sum);
                   dPr[c] = masked ? T(0) : p * (dPr[c] - Dr);
                   Pr[c] = p;
                 }
@@ -350,4 +347,4 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
   return {dq, dk, dv};
 }
 
-}  // namespace tapestry::kernels
+}  // namespace tapestry::kernels::cpu

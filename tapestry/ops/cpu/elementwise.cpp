@@ -4,17 +4,11 @@
 
 #include "tapestry/ops/cpu/loops.h"
 #include "tapestry/ops/factory.h"
-#include "tapestry/ops/kernels.h"
+#include "tapestry/ops/backend.h"
 #include "tapestry/ops/profile.h"
 
-namespace tapestry::kernels {
+namespace tapestry::kernels::cpu {
 
-using cpu::strided_apply;
-
-void check_device(const char* op, const Tensor& t) {
-  TP_CHECK(t.device() == Device::CPU, "{}: tensor on {} but this build has only the cpu backend", op,
-           device_name(t.device()));
-}
 
 namespace {
 
@@ -52,43 +46,6 @@ void binary_loop(const Tensor& out, const Tensor& a, const Tensor& b, Op op) {
                    });
 }
 
-template <class T>
-void binary_typed(Binary kind, const Tensor& out, const Tensor& a, const Tensor& b) {
-  switch (kind) {
-    case Binary::Add: return binary_loop<T, T>(out, a, b, [](T x, T y) { return static_cast<T>(x + y); });
-    case Binary::Sub: return binary_loop<T, T>(out, a, b, [](T x, T y) { return static_cast<T>(x - y); });
-    case Binary::Mul: return binary_loop<T, T>(out, a, b, [](T x, T y) { return static_cast<T>(x * y); });
-    case Binary::Div: return binary_loop<T, T>(out, a, b, [](T x, T y) { return static_cast<T>(x / y); });
-    case Binary::Pow:
-      return binary_loop<T, T>(out, a, b, [](T x, T y) { return static_cast<T>(std::pow(x, y)); });
-    case Binary::Maximum:
-      return binary_loop<T, T>(out, a, b, [](T x, T y) { return (cpu::is_nan(x) || x > y) ? x : y; });
-    case Binary::Minimum:
-      return binary_loop<T, T>(out, a, b, [](T x, T y) { return (cpu::is_nan(x) || x < y) ? x : y; });
-    case Binary::ReluBackward:
-      return binary_loop<T, T>(out, a, b, [](T g, T y) { return y > T(0) || cpu::is_nan(y) ? g : T(0); });  // NaN passes, as torch
-    case Binary::GeluBackward:  // g * d/dx gelu(x), d/dx gelu(x) = Phi(x) + x phi(x)
-      if constexpr (std::is_floating_point_v<T>)
-        return binary_loop<T, T>(out, a, b, [](T g, T x) {
-          T cdf = T(0.5) * (T(1) + std::erf(x * T(M_SQRT1_2)));
-          T pdf = std::exp(T(-0.5) * x * x) * T(0.3989422804014327);
-          return g * (cdf + x * pdf);
-        });
-      break;
-    case Binary::GeluTanhBackward:
-      if constexpr (std::is_floating_point_v<T>)
-        return binary_loop<T, T>(out, a, b, [](T g, T x) { return g * cpu::gelu_tanh_grad(x); });
-      break;
-    case Binary::Eq: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x == y; });
-    case Binary::Ne: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x != y; });
-    case Binary::Lt: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x < y; });
-    case Binary::Le: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x <= y; });
-    case Binary::Gt: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x > y; });
-    case Binary::Ge: return binary_loop<bool, T>(out, a, b, [](T x, T y) { return x >= y; });
-  }
-  TP_CHECK(false, "binary: this kind takes floating tensors, got {}", dtype_of<T>());
-}
-
 // In-place writes into an expanded view would write one element many times (and race).
 void check_writable(const char* op, const Tensor& dst) {
   if (dst.numel() == 0) return;  // nothing is written
@@ -99,8 +56,6 @@ void check_writable(const char* op, const Tensor& dst) {
 }
 
 void check_binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
-  check_device(op, a);
-  check_device(op, b);
   TP_CHECK(a.dtype() == b.dtype(), "{}: dtype mismatch: {} {} and {} {} (convert one with .to())", op, a.dtype(),
            a.sizes(), b.dtype(), b.sizes());
   if (a.dtype() == DType::Bool)
@@ -111,21 +66,21 @@ void check_binary(const char* op, Binary kind, const Tensor& a, const Tensor& b)
              "{}: not supported for int64 tensors (integer division); convert to float first", op);
 }
 
+// The functor of `kind` (ops/math.h) over a and b, into out.
 void run_binary(Binary kind, const Tensor& out, const Tensor& a, const Tensor& b) {
   dispatch(a.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if constexpr (std::is_same_v<T, bool>) {
-      if (kind == Binary::Eq) binary_loop<bool, bool>(out, a, b, [](bool x, bool y) { return x == y; });
-      else binary_loop<bool, bool>(out, a, b, [](bool x, bool y) { return x != y; });
-    } else {
-      binary_typed<T>(kind, out, a, b);
-    }
+    with_binary_op(kind, [&](auto op) {
+      using Op = decltype(op);
+      if constexpr (Op::comparison) binary_loop<bool, T>(out, a, b, op);
+      else if constexpr (std::is_same_v<T, bool> || (Op::floating_only && !std::is_floating_point_v<T>))
+        TP_CHECK(false, "binary: this kind takes floating tensors, got {}", dtype_of<T>());  // check_binary stops these
+      else binary_loop<T, T>(out, a, b, op);
+    });
   });
 }
 
 }  // namespace
-
-bool is_comparison(Binary kind) { return kind >= Binary::Eq; }
 
 Tensor binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
   TP_PROFILE(op);
@@ -166,52 +121,6 @@ void unary_loop(const Tensor& out, const Tensor& a, Op op) {
                    });
 }
 
-template <class T>
-void unary_floating(Unary kind, const Tensor& out, const Tensor& a, double p0, double p1) {
-  const T pe = static_cast<T>(p0);
-  (void)p1;
-  switch (kind) {
-    case Unary::Exp: return unary_loop<T, T>(out, a, [](T x) { return std::exp(x); });
-    case Unary::Log: return unary_loop<T, T>(out, a, [](T x) { return std::log(x); });
-    case Unary::Sqrt: return unary_loop<T, T>(out, a, [](T x) { return std::sqrt(x); });
-    case Unary::Rsqrt: return unary_loop<T, T>(out, a, [](T x) { return T(1) / std::sqrt(x); });
-    case Unary::Tanh: return unary_loop<T, T>(out, a, [](T x) { return std::tanh(x); });
-    case Unary::Sigmoid:
-      return unary_loop<T, T>(out, a, [](T x) {
-        // Stable on both sides: never exponentiates a large positive number.
-        if (x >= 0) return T(1) / (T(1) + std::exp(-x));
-        T e = std::exp(x);
-        return e / (T(1) + e);
-      });
-    case Unary::Gelu:  // the exact (erf) form, PyTorch's default
-      return unary_loop<T, T>(out, a, [](T x) { return T(0.5) * x * (T(1) + std::erf(x * T(M_SQRT1_2))); });
-    case Unary::GeluTanh:  // GPT-2's approximation (cpu::gelu_tanh)
-      return unary_loop<T, T>(out, a, [](T x) { return cpu::gelu_tanh(x); });
-    case Unary::PowScalar:
-      // PyTorch computes x^0.5 and x^-0.5 as (r)sqrt: NaN for x = -inf, where std::pow gives inf / 0.
-      if (pe == T(0.5)) return unary_loop<T, T>(out, a, [](T x) { return std::sqrt(x); });
-      if (pe == T(-0.5)) return unary_loop<T, T>(out, a, [](T x) { return T(1) / std::sqrt(x); });
-      return unary_loop<T, T>(out, a, [pe](T x) { return std::pow(x, pe); });
-    default: break;
-  }
-}
-
-template <class T>
-void unary_numeric(Unary kind, const Tensor& out, const Tensor& a, double p0, double p1) {
-  switch (kind) {
-    case Unary::Neg: return unary_loop<T, T>(out, a, [](T x) { return static_cast<T>(-x); });
-    case Unary::Abs: return unary_loop<T, T>(out, a, [](T x) { return x < 0 ? static_cast<T>(-x) : x; });
-    case Unary::Sign: return unary_loop<T, T>(out, a, [](T x) { return static_cast<T>((x > 0) - (x < 0)); });
-    case Unary::Relu: return unary_loop<T, T>(out, a, [](T x) { return x > 0 || cpu::is_nan(x) ? x : T(0); });  // NaN stays NaN
-    case Unary::Clamp: {
-      T lo = static_cast<T>(p0), hi = static_cast<T>(p1);
-      return unary_loop<T, T>(out, a, [lo, hi](T x) { return x < lo ? lo : (x > hi ? hi : x); });
-    }
-    default:
-      if constexpr (std::is_floating_point_v<T>) unary_floating<T>(kind, out, a, p0, p1);
-  }
-}
-
 bool needs_floating(Unary kind) {
   switch (kind) {
     case Unary::Neg: case Unary::Abs: case Unary::Sign: case Unary::Relu: case Unary::Clamp: return false;
@@ -223,12 +132,13 @@ bool needs_floating(Unary kind) {
 
 Tensor unary(const char* op, Unary kind, const Tensor& a, double p0, double p1) {
   TP_PROFILE(op);
-  check_device(op, a);
   if (kind == Unary::Clamp) TP_CHECK(p0 <= p1, "{}: min {} is greater than max {}", op, p0, p1);
   Tensor out = empty(a.sizes(), a.dtype());
   auto run = [&](auto tag) {
     using T = typename decltype(tag)::type;
-    unary_numeric<T>(kind, out, a, p0, p1);
+    with_unary_op(kind, p0, p1, [&](auto op) {
+      if constexpr (!decltype(op)::floating_only || std::is_floating_point_v<T>) unary_loop<T, T>(out, a, op);
+    });
   };
   if (needs_floating(kind)) dispatch_floating(a.dtype(), op, run);
   else dispatch_numeric(a.dtype(), op, run);
@@ -237,7 +147,6 @@ Tensor unary(const char* op, Unary kind, const Tensor& a, double p0, double p1) 
 
 Tensor where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& b) {
   TP_PROFILE(op);
-  check_device(op, cond);
   TP_CHECK(cond.dtype() == DType::Bool, "{}: condition must be a bool mask, got {} {}", op, cond.dtype(),
            cond.sizes());
   TP_CHECK(a.dtype() == b.dtype(), "{}: dtype mismatch: {} {} and {} {}", op, a.dtype(), a.sizes(), b.dtype(),
@@ -264,8 +173,6 @@ Tensor where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& 
 
 void copy_(const Tensor& dst, const Tensor& src) {
   TP_PROFILE("copy_");
-  check_device("copy_", dst);
-  check_device("copy_", src);
   Shape shape = broadcast_shapes("copy_", dst.sizes(), src.sizes());
   TP_CHECK(shape == dst.sizes(), "copy_: source of shape {} cannot be broadcast to the destination shape {}",
            src.sizes(), dst.sizes());
@@ -293,7 +200,6 @@ void copy_(const Tensor& dst, const Tensor& src) {
 
 void fill_(const Tensor& dst, double value) {
   TP_PROFILE("fill_");
-  check_device("fill_", dst);
   dispatch(dst.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* p = dst.data_ptr<T>();
@@ -324,7 +230,6 @@ namespace {
 // Random fills draw sequentially in row-major order, into a contiguous buffer when needed.
 template <class Draw>
 void random_fill(const char* op, const Tensor& dst, Draw draw) {
-  check_device(op, dst);
   Tensor buf = dst.is_contiguous() ? dst : empty(dst.sizes(), dst.dtype());
   dispatch_numeric(dst.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -337,27 +242,26 @@ void random_fill(const char* op, const Tensor& dst, Draw draw) {
 }  // namespace
 
 namespace {
-// A plain function (not a lambda) so that GCC vectorizes it (cpu::dropout_keeps, loops.h).
+// A plain function (not a lambda) so that GCC vectorizes it (dropout_keeps, loops.h).
 template <class T>
 void dropout_run(const T* x, T* out, int64_t n, uint32_t start, uint32_t key, uint32_t threshold, T scale) {
 #pragma omp simd
   for (int64_t k = 0; k < n; ++k)
-    out[k] = x[k] * (cpu::dropout_keeps(start + static_cast<uint32_t>(k), key, threshold) ? scale : T(0));
+    out[k] = x[k] * (dropout_keeps(start + static_cast<uint32_t>(k), key, threshold) ? scale : T(0));
 }
 }  // namespace
 
 Tensor dropout(const Tensor& x_in, double p, uint64_t seed) {
   TP_PROFILE("dropout");
-  check_device("dropout", x_in);
   Tensor x = contiguous(x_in);
   Tensor out = empty(x.sizes(), x.dtype());
-  const uint32_t threshold = cpu::dropout_threshold(p);
+  const uint32_t threshold = dropout_threshold(p);
   dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* px = x.data_ptr<T>();
     T* po = out.data_ptr<T>();
     const T scale = static_cast<T>(1.0 / (1.0 - p));
-    const uint32_t key = cpu::dropout_key(seed);
+    const uint32_t key = dropout_key(seed);
     cpu::parallel_for(0, x.numel(), cpu::kGrainSize, [&](int64_t b, int64_t e) {
       dropout_run(px + b, po + b, e - b, static_cast<uint32_t>(b), key, threshold, scale);
     });
@@ -385,4 +289,36 @@ void randint_(const Tensor& dst, int64_t low, int64_t high, std::mt19937_64& eng
   random_fill("randint_", dst, [&] { return dist(engine); });
 }
 
-}  // namespace tapestry::kernels
+void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                const AdamStep& step) {
+  TP_PROFILE("adam_step_");
+  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq})
+    TP_CHECK(t->is_contiguous() && t->dtype() == param.dtype() && t->sizes() == param.sizes(),
+             "adam_step_: param, grad and state must be contiguous {} {}, got {} {}", param.dtype(), param.sizes(),
+             t->dtype(), t->sizes());
+  dispatch_floating(param.dtype(), "adam_step_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* pp = param.data_ptr<T>();
+    const T* pg = grad.data_ptr<T>();
+    T* pm = exp_avg.data_ptr<T>();
+    T* pv = exp_avg_sq.data_ptr<T>();
+    const T b1 = static_cast<T>(step.beta1), b2 = static_cast<T>(step.beta2), wd = static_cast<T>(step.weight_decay);
+    const T decay = static_cast<T>(step.decay), ss = static_cast<T>(step.step_size);
+    const T bc = static_cast<T>(step.bias_correction2_sqrt), eps = static_cast<T>(step.eps);
+    const bool decoupled = step.decoupled, l2 = !decoupled && step.weight_decay != 0;
+    // One pass: the same operations, in the same order, as PyTorch's single-tensor Adam.
+    parallel_for(0, param.numel(), kGrainSize, [&](int64_t b, int64_t e) {
+      for (int64_t j = b; j < e; ++j) {
+        T g = pg[j];
+        if (decoupled) pp[j] *= decay;
+        else if (l2) g += wd * pp[j];
+        pm[j] = pm[j] * b1 + g * (T(1) - b1);
+        pv[j] = pv[j] * b2 + g * g * (T(1) - b2);
+        pp[j] -= ss * pm[j] / (std::sqrt(pv[j]) / bc + eps);
+      }
+    });
+  });
+  param.impl().storage->version++;
+}
+
+}  // namespace tapestry::kernels::cpu

@@ -3,16 +3,15 @@
 // throws a tapestry::Error naming the op, the index and the size, never a crash.
 #include "tapestry/ops/cpu/loops.h"
 #include "tapestry/ops/factory.h"
-#include "tapestry/ops/kernels.h"
+#include "tapestry/ops/backend.h"
 #include "tapestry/ops/profile.h"
 
-namespace tapestry::kernels {
+namespace tapestry::kernels::cpu {
 
 namespace {
 
 void check_index(const char* op, const Tensor& index, int64_t size, int64_t dim, const Shape& shape) {
   TP_CHECK(index.dtype() == DType::Int64, "{}: index must be int64, got {} {}", op, index.dtype(), index.sizes());
-  check_device(op, index);
   for (int64_t v : index.to_vector<int64_t>())
     TP_CHECK(v >= 0 && v < size, "{}: index {} is out of range for dim {} of size {} (tensor shape {})", op, v, dim,
              size, shape);
@@ -34,7 +33,6 @@ Split3 split3(const Shape& s, int64_t dim) {
 
 Tensor index_select(const char* op, const Tensor& a_in, int64_t dim, const Tensor& index_in) {
   TP_PROFILE(op);
-  check_device(op, a_in);
   dim = wrap_dim(op, dim, a_in.dim());
   TP_CHECK(index_in.dim() <= 1, "{}: index must be 0-D or 1-D, got shape {}", op, index_in.sizes());
   // A 0-d source has one element to select, and its 0-d output room for one (as in PyTorch).
@@ -105,7 +103,6 @@ void check_gather_shapes(const char* op, const Shape& a, int64_t dim, const Tens
 
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   TP_PROFILE("gather");
-  check_device("gather", a);
   dim = wrap_dim("gather", dim, a.dim());
   check_gather_shapes("gather", a.sizes(), dim, index);
   check_index("gather", index, a.dim() == 0 ? 1 : a.size(dim), dim, a.sizes());
@@ -165,7 +162,6 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   out_shape[dim] = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    check_device("cat", t);
     TP_CHECK(t.dtype() == first.dtype(), "cat: tensor {} is {} but tensor 0 is {}", i, t.dtype(), first.dtype());
     TP_CHECK(t.dim() == first.dim(), "cat: tensor {} has shape {} but tensor 0 has shape {} (dims differ)", i,
              t.sizes(), first.sizes());
@@ -186,4 +182,4 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   return out;
 }
 
-}  // namespace tapestry::kernels
+}  // namespace tapestry::kernels::cpu

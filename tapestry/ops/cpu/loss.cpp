@@ -4,10 +4,10 @@
 
 #include "tapestry/ops/cpu/loops.h"
 #include "tapestry/ops/factory.h"
-#include "tapestry/ops/kernels.h"
+#include "tapestry/ops/backend.h"
 #include "tapestry/ops/profile.h"
 
-namespace tapestry::kernels {
+namespace tapestry::kernels::cpu {
 
 namespace {
 
@@ -28,7 +28,6 @@ Smoothing smoothing_for(double eps, int64_t V, int64_t ignore_index) {
 }
 
 void check_inputs(const Tensor& logits, const Tensor& target, double eps, int64_t ignore_index) {
-  check_device("cross_entropy", logits);
   TP_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, classes], got shape {}", logits.sizes());
   TP_CHECK(target.dtype() == DType::Int64 && target.dim() == 1 && target.size(0) == logits.size(0),
            "cross_entropy: target must be int64 [{}] to match logits {}, got {} {}", logits.size(0), logits.sizes(),
@@ -69,7 +68,7 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
           const int64_t j1 = std::min(V, j0 + kChunk);
           T chunk_se = 0, chunk_x = 0;
 #pragma omp simd reduction(+ : chunk_se)
-          for (int64_t j = j0; j < j1; ++j) chunk_se += cpu::vexp(x[j] - mx);
+          for (int64_t j = j0; j < j1; ++j) chunk_se += vexp(x[j] - mx);
           if (q.other > 0) {
 #pragma omp simd reduction(+ : chunk_x)
             for (int64_t j = j0; j < j1; ++j) chunk_x += x[j];
@@ -132,7 +131,7 @@ Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, 
         const T* x = px + r * V;
         const T l = plse[r];
 #pragma omp simd
-        for (int64_t j = 0; j < V; ++j) g[j] = (q_total * cpu::vexp(x[j] - l) - q_other) * s;
+        for (int64_t j = 0; j < V; ++j) g[j] = (q_total * vexp(x[j] - l) - q_other) * s;
         g[pt[r]] -= static_cast<T>(q.gold - q.other) * s;
         if (q.skip >= 0) g[q.skip] += q_other * s;
       }
@@ -141,4 +140,4 @@ Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, 
   return grad;
 }
 
-}  // namespace tapestry::kernels
+}  // namespace tapestry::kernels::cpu

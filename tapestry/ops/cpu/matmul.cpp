@@ -5,10 +5,10 @@
 
 #include "tapestry/ops/cpu/loops.h"
 #include "tapestry/ops/factory.h"
-#include "tapestry/ops/kernels.h"
+#include "tapestry/ops/backend.h"
 #include "tapestry/ops/profile.h"
 
-namespace tapestry::kernels {
+namespace tapestry::kernels::cpu {
 
 namespace {
 
@@ -40,8 +40,6 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   TP_PROFILE("matmul");
-  check_device("matmul", a_in);
-  check_device("matmul", b_in);
   TP_CHECK(a_in.dim() >= 2 && b_in.dim() >= 2, "matmul: kernel needs operands of at least 2 dims, got {} and {}",
            a_in.sizes(), b_in.sizes());
   TP_CHECK(a_in.dtype() == b_in.dtype(), "matmul: dtype mismatch: {} {} and {} {}", a_in.dtype(), a_in.sizes(),
@@ -112,4 +110,4 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   return out;
 }
 
-}  // namespace tapestry::kernels
+}  // namespace tapestry::kernels::cpu

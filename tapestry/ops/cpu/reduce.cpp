@@ -14,10 +14,10 @@
 
 #include "tapestry/ops/cpu/loops.h"
 #include "tapestry/ops/factory.h"
-#include "tapestry/ops/kernels.h"
+#include "tapestry/ops/backend.h"
 #include "tapestry/ops/profile.h"
 
-namespace tapestry::kernels {
+namespace tapestry::kernels::cpu {
 
 using cpu::parallel_for;
 
@@ -76,7 +76,6 @@ std::vector<bool> dims_mask(const char* op, const std::vector<int64_t>& dims, in
 
 Tensor sum_of_squares(const Tensor& a_in) {
   TP_PROFILE("sum_of_squares");
-  check_device("sum_of_squares", a_in);
   Tensor a = contiguous(a_in);
   const int64_t n = a.numel();
   // Squares in double (a float gradient of 1e20 squares to a finite 1e40), fixed chunks summed
@@ -104,7 +103,6 @@ Tensor sum_of_squares(const Tensor& a_in) {
 
 Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   TP_PROFILE(op);
-  check_device(op, a);
   const int64_t nd = a.dim();
   std::vector<bool> mask = dims_mask(op, dims, nd);
   if (dims.empty()) mask.assign(nd, true);  // no dims: reduce everything
@@ -195,7 +193,7 @@ Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<in
             A v = static_cast<A>(pa[off]);
             // NaN propagates and sticks, as in PyTorch.
             if (first) acc = v;
-            else if (!cpu::is_nan(acc) && (cpu::is_nan(v) || (kind == Reduce::Max ? v > acc : v < acc))) acc = v;
+            else if (!is_nan(acc) && (is_nan(v) || (kind == Reduce::Max ? v > acc : v < acc))) acc = v;
             first = false;
           });
         }
@@ -210,7 +208,7 @@ Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<in
         for (int64_t blk = 1; blk < n_blocks; ++blk) {
           A v = partial[static_cast<size_t>(o * n_blocks + blk)];
           if (kind == Reduce::Sum) acc += v;
-          else if (!cpu::is_nan(acc) && (cpu::is_nan(v) || (kind == Reduce::Max ? v > acc : v < acc))) acc = v;
+          else if (!is_nan(acc) && (is_nan(v) || (kind == Reduce::Max ? v > acc : v < acc))) acc = v;
         }
         po[o] = static_cast<O>(acc);
       }
@@ -221,7 +219,6 @@ Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<in
 
 std::pair<Tensor, Tensor> reduce_with_index(const char* op, Reduce kind, const Tensor& a, int64_t dim, bool keepdim) {
   TP_PROFILE(op);
-  check_device(op, a);
   const int64_t nd = a.dim();
   dim = wrap_dim(op, dim, nd);
   const int64_t n = nd == 0 ? 1 : a.size(dim);
@@ -250,9 +247,9 @@ std::pair<Tensor, Tensor> reduce_with_index(const char* op, Reduce kind, const T
       kept.walk(0, b, e, [&, o = b](int64_t base) mutable {
         T best = pa[base];
         int64_t arg = 0;
-        for (int64_t i = 1; i < n && !cpu::is_nan(best); ++i) {
+        for (int64_t i = 1; i < n && !is_nan(best); ++i) {
           T v = pa[base + i * stride];
-          if (cpu::is_nan(v) || (kind == Reduce::Max ? v > best : v < best)) {
+          if (is_nan(v) || (kind == Reduce::Max ? v > best : v < best)) {
             best = v;
             arg = i;
           }
@@ -282,7 +279,6 @@ RowView row_view(const Tensor& a, int64_t dim) {
 Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {
   TP_PROFILE(log ? "log_softmax" : "softmax");
   const char* op = log ? "log_softmax" : "softmax";
-  check_device(op, a_in);
   dim = wrap_dim(op, dim, a_in.dim());
   Tensor a = contiguous(a_in);
   Tensor out = empty(a.sizes(), a.dtype());
@@ -305,9 +301,9 @@ Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {
                      double sum = 0;
                      if (s == 1) {  // the common case, vectorized
 #pragma omp simd reduction(+ : sum)
-                       for (int64_t i = 0; i < n; ++i) sum += cpu::vexp(x[i] - mx);
+                       for (int64_t i = 0; i < n; ++i) sum += vexp(x[i] - mx);
                      } else {
-                       for (int64_t i = 0; i < n; ++i) sum += cpu::vexp(x[i * s] - mx);
+                       for (int64_t i = 0; i < n; ++i) sum += vexp(x[i * s] - mx);
                      }
                      if (log) {
                        T lse = mx + static_cast<T>(std::log(sum));
@@ -316,9 +312,9 @@ Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {
                        T inv = static_cast<T>(1.0 / sum);
                        if (s == 1) {
 #pragma omp simd
-                         for (int64_t i = 0; i < n; ++i) y[i] = cpu::vexp(x[i] - mx) * inv;
+                         for (int64_t i = 0; i < n; ++i) y[i] = vexp(x[i] - mx) * inv;
                        } else {
-                         for (int64_t i = 0; i < n; ++i) y[i * s] = cpu::vexp(x[i * s] - mx) * inv;
+                         for (int64_t i = 0; i < n; ++i) y[i * s] = vexp(x[i * s] - mx) * inv;
                        }
                      }
                    }
@@ -349,7 +345,7 @@ Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bo
                        for (int64_t i = 0; i < rv.n; ++i) dot += pg[base + i * s];
                        // d log_softmax: dx = dy - softmax * sum(dy)
                        for (int64_t i = 0; i < rv.n; ++i)
-                         pd[base + i * s] = pg[base + i * s] - cpu::vexp(py[base + i * s]) * static_cast<T>(dot);
+                         pd[base + i * s] = pg[base + i * s] - vexp(py[base + i * s]) * static_cast<T>(dot);
                      } else {
                        for (int64_t i = 0; i < rv.n; ++i) dot += static_cast<double>(pg[base + i * s]) * py[base + i * s];
                        // d softmax: dx = y * (dy - sum(dy * y))
@@ -365,7 +361,6 @@ Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bo
 // ---- layer norm over the last norm_dims dims, rows = everything before
 LayerNormOut layer_norm(const Tensor& x_in, int64_t norm_dims, const Tensor& weight, const Tensor& bias, double eps) {
   TP_PROFILE("layer_norm");
-  check_device("layer_norm", x_in);
   Tensor x = contiguous(x_in);
   int64_t n = 1;
   for (int64_t d = x.dim() - norm_dims; d < x.dim(); ++d) n *= x.size(d);
@@ -475,4 +470,4 @@ LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, cons
   return g;
 }
 
-}  // namespace tapestry::kernels
+}  // namespace tapestry::kernels::cpu

@@ -17,10 +17,10 @@
 
 #include "tapestry/ops/cpu/loops.h"
 #include "tapestry/ops/factory.h"
-#include "tapestry/ops/kernels.h"
+#include "tapestry/ops/backend.h"
 #include "tapestry/ops/profile.h"
 
-namespace tapestry::kernels {
+namespace tapestry::kernels::cpu {
 
 using cpu::parallel_for;
 
@@ -46,8 +46,8 @@ Rows rows_of(const Shape& s, int64_t dim) {
 }
 
 // x before y in ascending order, NaN last; in descending order, NaN first.
-template <class T> inline bool ascending_before(T x, T y) { return (!cpu::is_nan(x) && cpu::is_nan(y)) || x < y; }
-template <class T> inline bool descending_before(T x, T y) { return (cpu::is_nan(x) && !cpu::is_nan(y)) || x > y; }
+template <class T> inline bool ascending_before(T x, T y) { return (!is_nan(x) && is_nan(y)) || x < y; }
+template <class T> inline bool descending_before(T x, T y) { return (is_nan(x) && !is_nan(y)) || x > y; }
 
 // (value, index) pairs in a total order: by value, equal values by index (the stable order).
 template <class T> struct PairOrder {
@@ -73,7 +73,6 @@ inline double uniform01(std::mt19937_64& engine) { return static_cast<double>(en
 
 Tensor triangle(const char* op, const Tensor& a, int64_t diagonal, bool upper) {
   TP_PROFILE(op);
-  check_device(op, a);
   TP_CHECK(a.dim() >= 2, "{}: expected a tensor of at least 2 dims (a matrix or a batch of them), got shape {}", op,
            a.sizes());
   Tensor out = empty(a.sizes(), a.dtype());
@@ -113,7 +112,6 @@ Tensor triangle(const char* op, const Tensor& a, int64_t diagonal, bool upper) {
 Tensor cumsum(const Tensor& a_in, int64_t dim, bool reverse) {
   const char* op = reverse ? "cumsum_backward" : "cumsum";
   TP_PROFILE(op);
-  check_device(op, a_in);
   dim = wrap_dim(op, dim, a_in.dim());
   const DType out_dtype = is_floating(a_in.dtype()) ? a_in.dtype() : DType::Int64;
   Tensor out = empty(a_in.sizes(), out_dtype);
@@ -152,7 +150,6 @@ Tensor cumsum(const Tensor& a_in, int64_t dim, bool reverse) {
 
 std::pair<Tensor, Tensor> sort(const Tensor& a_in, int64_t dim, bool descending, bool stable) {
   TP_PROFILE("sort");
-  check_device("sort", a_in);
   dim = wrap_dim("sort", dim, a_in.dim());
   (void)stable;  // always stable: ties are ordered by index
   Tensor values = empty(a_in.sizes(), a_in.dtype());
@@ -185,7 +182,6 @@ std::pair<Tensor, Tensor> sort(const Tensor& a_in, int64_t dim, bool descending,
 
 std::pair<Tensor, Tensor> topk(const Tensor& a_in, int64_t k, int64_t dim, bool largest, bool sorted) {
   TP_PROFILE("topk");
-  check_device("topk", a_in);
   dim = wrap_dim("topk", dim, a_in.dim());
   dispatch_numeric(a_in.dtype(), "topk", [](auto) {});
   const bool scalar = a_in.dim() == 0;
@@ -233,7 +229,6 @@ std::pair<Tensor, Tensor> topk(const Tensor& a_in, int64_t k, int64_t dim, bool 
 
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, std::mt19937_64& engine) {
   TP_PROFILE("multinomial");
-  check_device("multinomial", probs);
   TP_CHECK(probs.dim() == 1 || probs.dim() == 2,
            "multinomial: probabilities must be 1-D [V] or 2-D [B, V], got shape {}", probs.sizes());
   TP_CHECK(is_floating(probs.dtype()), "multinomial: probabilities must be float32 or float64, got {} {}",
@@ -356,4 +351,4 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, s
   return out;
 }
 
-}  // namespace tapestry::kernels
+}  // namespace tapestry::kernels::cpu

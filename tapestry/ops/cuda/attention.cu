@@ -1,0 +1,249 @@
+// Scaled dot-product attention on the GPU: the scores of every (batch..., head) slice in one
+// cuBLAS batched gemm, one block per query row for the masking, the softmax statistics and the
+// dropout, and gemms again for the output and for every gradient. Unlike the CPU kernel (ops/cpu/
+// attention.cpp, FlashAttention-style blocks), this holds the [BH, Tq, Tk] scores in memory:
+// simple, and as fast as cuBLAS for the sequence lengths of this zoo; a tiled kernel that keeps
+// them on chip is the next step where memory matters.
+//
+// The semantics are the CPU's, term for term: masked scores (by the mask or causality) become
+// -1e9, the statistics saved per row are the maximum and log sum exp(score - maximum), the
+// probabilities are exp computed with vexp, and dropout keeps element (s, i, j) when
+// dropout_keeps((s * Tq + i) * Tk + j) (mod 2^32), so both devices drop the same elements.
+#include <limits>
+
+#include "tapestry/ops/cuda/blas.cuh"
+
+namespace tapestry::kernels::cuda {
+
+namespace {
+
+constexpr double kMasked = -1e9;
+constexpr int kRowThreads = 256;
+
+template <class T> struct MaxOp {
+  __device__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+template <class T> struct SumOp {
+  __device__ T operator()(T a, T b) const { return a + b; }
+};
+
+// Reduces v over the block (blockDim.x == kRowThreads); every thread gets the result.
+template <class T, class Op>
+__device__ T block_reduce(T v, Op op) {
+  __shared__ T partial[kRowThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = partial[0];
+  for (int w = 1; w < kRowThreads / 32; ++w) v = op(v, partial[w]);
+  return v;
+}
+
+struct Dropout {
+  bool on;
+  uint32_t key, threshold;
+  double scale;
+};
+
+__device__ inline bool is_masked(const bool* mask_row, bool causal, int64_t query, int64_t key) {
+  return (mask_row && mask_row[key]) || (causal && key > query);
+}
+
+// One block per query row: mask the scaled scores, save (max, log sum), and turn the row into
+// the (dropped) probabilities in place.
+template <class T>
+__global__ void softmax_rows(T* scores, T* stats, const bool* mask, int64_t tq, int64_t tk, bool causal,
+                             Dropout drop) {
+  const int64_t row = blockIdx.x, query = row % tq;
+  T* s = scores + row * tk;
+  const bool* m = mask ? mask + row * tk : nullptr;
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t c = threadIdx.x; c < tk; c += blockDim.x) {
+    const T v = is_masked(m, causal, query, c) ? static_cast<T>(kMasked) : s[c];
+    s[c] = v;
+    mx = v > mx ? v : mx;
+  }
+  mx = block_reduce(mx, MaxOp<T>());
+  T sum = 0;
+  for (int64_t c = threadIdx.x; c < tk; c += blockDim.x) {
+    const T e = vexp(s[c] - mx);
+    s[c] = e;
+    sum += e;
+  }
+  sum = block_reduce(sum, SumOp<T>());
+  const T inv = sum > 0 ? T(1) / sum : T(0);
+  const uint32_t base = static_cast<uint32_t>(row * tk);
+  for (int64_t c = threadIdx.x; c < tk; c += blockDim.x) {
+    T p = s[c] * inv;
+    if (drop.on) p = dropout_keeps(base + static_cast<uint32_t>(c), drop.key, drop.threshold) ? p * static_cast<T>(drop.scale) : T(0);
+    s[c] = p;
+  }
+  if (threadIdx.x == 0) {
+    stats[2 * row] = mx;
+    stats[2 * row + 1] = sum > 0 ? math::log(sum) : std::numeric_limits<T>::infinity();
+  }
+}
+
+// One block per query row of the backward: from the raw scaled scores, the saved statistics and
+// dP' = dO V^T, writes dS = P (dP' z - D) (0 where masked) over dP', and the dropped
+// probabilities P z over the scores, with D = dO . O of the row.
+template <class T>
+__global__ void backward_rows(T* scores, T* dprobs, const T* stats, const T* out, const T* dout, int64_t ev,
+                              const bool* mask, int64_t tq, int64_t tk, bool causal, Dropout drop) {
+  const int64_t row = blockIdx.x, query = row % tq;
+  T d = 0;
+  for (int64_t j = threadIdx.x; j < ev; j += blockDim.x) d += out[row * ev + j] * dout[row * ev + j];
+  d = block_reduce(d, SumOp<T>());
+  const T row_max = stats[2 * row], log_sum = stats[2 * row + 1];
+  T* s = scores + row * tk;
+  T* dp = dprobs + row * tk;
+  const bool* m = mask ? mask + row * tk : nullptr;
+  const uint32_t base = static_cast<uint32_t>(row * tk);
+  for (int64_t c = threadIdx.x; c < tk; c += blockDim.x) {
+    const bool masked = is_masked(m, causal, query, c);
+    const T score = masked ? static_cast<T>(kMasked) : s[c];
+    const T p = vexp((score - row_max) - log_sum);
+    T z = 1;
+    if (drop.on) z = dropout_keeps(base + static_cast<uint32_t>(c), drop.key, drop.threshold) ? static_cast<T>(drop.scale) : T(0);
+    dp[c] = masked ? T(0) : p * (dp[c] * z - d);
+    s[c] = p * z;
+  }
+}
+
+Dropout make_dropout(double p, uint64_t seed) {
+  if (p <= 0) return {false, 0, 0, 1.0};
+  return {true, dropout_key(seed), dropout_threshold(p), 1.0 / (1.0 - p)};
+}
+
+struct Prepared {
+  Tensor q, k, v, mask;  // contiguous [lead..., T, E]; the mask as contiguous bool [lead..., Tq, Tk]
+  int64_t bh = 0, tq = 0, tk = 0, e = 0, ev = 0;
+};
+
+Prepared prepare(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+  Prepared P;
+  const Shape lead(q.sizes().begin(), q.sizes().end() - 2);
+  TP_CHECK(k.dim() == q.dim() && v.dim() == q.dim() && Shape(k.sizes().begin(), k.sizes().end() - 2) == lead &&
+               Shape(v.sizes().begin(), v.sizes().end() - 2) == lead && k.size(-2) == v.size(-2) &&
+               k.size(-1) == q.size(-1),
+           "{}: q {}, k {} and v {} do not fit together", op, q.sizes(), k.sizes(), v.sizes());
+  P.tq = q.size(-2), P.tk = k.size(-2), P.e = q.size(-1), P.ev = v.size(-1), P.bh = shape_numel(lead);
+  P.q = contiguous(q), P.k = contiguous(k), P.v = contiguous(v);
+  if (mask.defined()) {
+    Shape full = lead;
+    full.push_back(P.tq);
+    full.push_back(P.tk);
+    const int64_t nd = static_cast<int64_t>(full.size());
+    Shape st(full.size(), 0);
+    for (int64_t i = 1; i <= mask.dim(); ++i) {
+      const int64_t md = mask.dim() - i, fd = nd - i;
+      TP_CHECK(fd >= 0 && (mask.size(md) == full[fd] || mask.size(md) == 1),
+               "{}: the mask {} does not broadcast to the scores {}", op, mask.sizes(), full);
+      st[fd] = mask.size(md) == 1 ? 0 : mask.stride(md);
+    }
+    TP_CHECK(mask.dtype() == DType::Bool, "{}: the mask must be bool, got {}", op, mask.dtype());
+    P.mask = contiguous(make_tensor(mask.impl().storage, full, st, mask.offset(), DType::Bool));
+  }
+  return P;
+}
+
+}  // namespace
+
+AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                          const Tensor& mask, bool is_causal, double scale, double dropout_p,
+                                          uint64_t seed) {
+  const char* op = "scaled_dot_product_attention";
+  Prepared P = prepare(op, q_in, k_in, v_in, mask);
+  Shape out_shape = q_in.sizes();
+  out_shape.back() = P.ev;
+  const Device device = q_in.device();
+  Tensor out = empty_on(out_shape, q_in.dtype(), device);
+  Shape lse_shape(q_in.sizes().begin(), q_in.sizes().end() - 1);
+  lse_shape.push_back(2);
+  Tensor lse = empty_on(lse_shape, q_in.dtype(), device);
+  if (P.bh == 0 || P.tq == 0) return {out, lse};
+  if (P.tk == 0 || P.ev == 0) {  // no keys: the CPU's zeros and an empty sum
+    fill_(out, 0.0);
+    fill_(lse.select(-1, 0), -std::numeric_limits<double>::infinity());
+    fill_(lse.select(-1, 1), std::numeric_limits<double>::infinity());
+    if (P.tk > 0) {  // values of width 0: the statistics still hold
+      Tensor scores = empty_on({P.bh, P.tq, P.tk}, q_in.dtype(), device);
+      dispatch_floating(q_in.dtype(), op, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        gemm_batched<T>(op, false, true, P.tq, P.tk, P.e, scale, P.q.template data_ptr<T>(), P.e, P.tq * P.e,
+                        P.k.template data_ptr<T>(), P.e, P.tk * P.e, 0.0, scores.template data_ptr<T>(), P.tk,
+                        P.tq * P.tk, P.bh);
+        softmax_rows<T><<<static_cast<unsigned>(P.bh * P.tq), kRowThreads, 0, stream()>>>(
+            scores.template data_ptr<T>(), lse.template data_ptr<T>(),
+            P.mask.defined() ? P.mask.template data_ptr<bool>() : nullptr, P.tq, P.tk, is_causal,
+            make_dropout(dropout_p, seed));
+        TP_CUDA_LAUNCHED(op);
+      });
+    }
+    return {out, lse};
+  }
+  Tensor scores = empty_on({P.bh, P.tq, P.tk}, q_in.dtype(), device);
+  dispatch_floating(q_in.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* S = scores.template data_ptr<T>();
+    gemm_batched<T>(op, false, true, P.tq, P.tk, P.e, scale, P.q.template data_ptr<T>(), P.e, P.tq * P.e,
+                    P.k.template data_ptr<T>(), P.e, P.tk * P.e, 0.0, S, P.tk, P.tq * P.tk, P.bh);
+    softmax_rows<T><<<static_cast<unsigned>(P.bh * P.tq), kRowThreads, 0, stream()>>>(
+        S, lse.template data_ptr<T>(), P.mask.defined() ? P.mask.template data_ptr<bool>() : nullptr, P.tq, P.tk,
+        is_causal, make_dropout(dropout_p, seed));
+    TP_CUDA_LAUNCHED(op);
+    gemm_batched<T>(op, false, false, P.tq, P.ev, P.tk, 1.0, S, P.tk, P.tq * P.tk, P.v.template data_ptr<T>(), P.ev,
+                    P.tk * P.ev, 0.0, out.template data_ptr<T>(), P.ev, P.tq * P.ev, P.bh);
+  });
+  return {out, lse};
+}
+
+AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in,
+                                                     const Tensor& v_in, const Tensor& out_in, const Tensor& lse,
+                                                     const Tensor& mask, bool is_causal, double scale,
+                                                     double dropout_p, uint64_t seed) {
+  const char* op = "scaled_dot_product_attention_backward";
+  Prepared P = prepare(op, q_in, k_in, v_in, mask);
+  const Device device = q_in.device();
+  const DType dtype = q_in.dtype();
+  Tensor dq = empty_on(q_in.sizes(), dtype, device), dk = empty_on(k_in.sizes(), dtype, device),
+         dv = empty_on(v_in.sizes(), dtype, device);
+  fill_(dq, 0.0);
+  fill_(dk, 0.0);
+  fill_(dv, 0.0);
+  if (P.bh == 0 || P.tq == 0 || P.tk == 0) return {dq, dk, dv};
+  Tensor dout = contiguous(dout_in), out = contiguous(out_in), stats = contiguous(lse);
+  Tensor scores = empty_on({P.bh, P.tq, P.tk}, dtype, device), dprobs = empty_on({P.bh, P.tq, P.tk}, dtype, device);
+  dispatch_floating(dtype, op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T *Q = P.q.template data_ptr<T>(), *K = P.k.template data_ptr<T>(), *V = P.v.template data_ptr<T>();
+    const T* dO = dout.template data_ptr<T>();
+    T *S = scores.template data_ptr<T>(), *dP = dprobs.template data_ptr<T>();
+    const int64_t tq = P.tq, tk = P.tk, e = P.e, ev = P.ev, bh = P.bh;
+    gemm_batched<T>(op, false, true, tq, tk, e, scale, Q, e, tq * e, K, e, tk * e, 0.0, S, tk, tq * tk, bh);
+    if (ev > 0)  // dP' = dO V^T
+      gemm_batched<T>(op, false, true, tq, tk, ev, 1.0, dO, ev, tq * ev, V, ev, tk * ev, 0.0, dP, tk, tq * tk, bh);
+    else
+      fill_(dprobs, 0.0);
+    backward_rows<T><<<static_cast<unsigned>(bh * tq), kRowThreads, 0, stream()>>>(
+        S, dP, stats.template data_ptr<T>(), out.template data_ptr<T>(), dO, ev,
+        P.mask.defined() ? P.mask.template data_ptr<bool>() : nullptr, tq, tk, is_causal,
+        make_dropout(dropout_p, seed));
+    TP_CUDA_LAUNCHED(op);
+    // dV = (P z)^T dO, dQ = scale dS K, dK = scale dS^T Q
+    if (ev > 0)
+      gemm_batched<T>(op, true, false, tk, ev, tq, 1.0, S, tk, tq * tk, dO, ev, tq * ev, 0.0, dv.template data_ptr<T>(),
+                      ev, tk * ev, bh);
+    if (e > 0) {
+      gemm_batched<T>(op, false, false, tq, e, tk, scale, dP, tk, tq * tk, K, e, tk * e, 0.0,
+                      dq.template data_ptr<T>(), e, tq * e, bh);
+      gemm_batched<T>(op, true, false, tk, e, tq, scale, dP, tk, tq * tk, Q, e, tq * e, 0.0,
+                      dk.template data_ptr<T>(), e, tk * e, bh);
+    }
+  });
+  return {dq, dk, dv};
+}
+
+}  // namespace tapestry::kernels::cuda

@@ -1,0 +1,139 @@
+// matmul on cuBLAS: cublasGemmStridedBatchedEx for every batch at once. cuBLAS is column-major;
+// a row-major C = A B is the column-major C^T = B^T A^T, so the operands are passed swapped
+// (gemm_batched). Strided operands go in as transposes and leading dimensions, as on the CPU
+// (the same gemm_layout rules); a batch whose matrices are not evenly spaced (a broadcast over
+// some batch dims but not others) is first copied to an evenly spaced one.
+#include <tuple>
+#include <vector>
+
+#include "tapestry/ops/cuda/blas.cuh"
+
+namespace tapestry::kernels::cuda {
+
+template <class T>
+void gemm_batched(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
+                  const T* A, int64_t lda, int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, double beta,
+                  T* C, int64_t ldc, int64_t stride_c, int64_t batch) {
+  if (M == 0 || N == 0 || batch == 0) return;
+  constexpr bool is_float = std::is_same_v<T, float>;
+  const cudaDataType_t type = is_float ? CUDA_R_32F : CUDA_R_64F;
+  const cublasComputeType_t compute =
+      is_float ? (::tapestry::cuda::allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F) : CUBLAS_COMPUTE_64F;
+  const T a = static_cast<T>(alpha), b = static_cast<T>(beta);
+  TP_CHECK(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && batch <= INT32_MAX,
+           "{}: a matrix dimension or batch count above 2^31 is beyond cuBLAS", op);
+  // Column-major C^T (N x M) = op(B)^T (N x K) op(A)^T (K x M).
+  TP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                             trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+                                             static_cast<int>(M), static_cast<int>(K), &a, B, type,
+                                             static_cast<int>(std::max<int64_t>(ldb, 1)), stride_b, A, type,
+                                             static_cast<int>(std::max<int64_t>(lda, 1)), stride_a, &b, C, type,
+                                             static_cast<int>(std::max<int64_t>(ldc, 1)), stride_c,
+                                             static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),
+                  op);
+}
+
+template void gemm_batched<float>(const char*, bool, bool, int64_t, int64_t, int64_t, double, const float*, int64_t,
+                                  int64_t, const float*, int64_t, int64_t, double, float*, int64_t, int64_t, int64_t);
+template void gemm_batched<double>(const char*, bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
+                                   int64_t, const double*, int64_t, int64_t, double, double*, int64_t, int64_t,
+                                   int64_t);
+
+namespace {
+
+struct MatLayout {
+  bool ok = false;
+  bool trans = false;
+  int64_t ld = 0;
+};
+
+// How gemm can read a rows x cols matrix with row stride rs and column stride cs (as the CPU).
+MatLayout gemm_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  const int64_t r1 = std::max<int64_t>(1, rows), c1 = std::max<int64_t>(1, cols);
+  if ((cs == 1 || cols == 1) && (rows == 1 || rs >= c1)) return {true, false, rows == 1 ? c1 : rs};
+  if ((rs == 1 || rows == 1) && (cols == 1 || cs >= r1)) return {true, true, cols == 1 ? r1 : cs};
+  return {};
+}
+
+// t's matrices over the broadcast batch shape: the view [batch..., rows, cols] (stride 0 on
+// broadcast dims), and the single element distance between consecutive matrices when there is
+// one (-1 otherwise).
+std::pair<Tensor, int64_t> batched_view(const Tensor& t, const Shape& batch) {
+  const int64_t nb = static_cast<int64_t>(batch.size()), lead = nb - (t.dim() - 2);
+  Shape shape = batch, strides(batch.size(), 0);
+  for (int64_t d = 0; d < nb; ++d) {
+    const int64_t td = d - lead;
+    if (td >= 0 && t.size(td) != 1) strides[d] = t.stride(td);
+  }
+  shape.push_back(t.size(-2));
+  shape.push_back(t.size(-1));
+  strides.push_back(t.stride(-2));
+  strides.push_back(t.stride(-1));
+  Tensor view = make_tensor(t.impl().storage, shape, strides, t.offset(), t.dtype());
+  // Evenly spaced: walking the batch in row-major order adds the same distance each time, the
+  // innermost (non-1) dim's stride, and each outer dim's stride spans the dims inside it.
+  int64_t step = -1, inner = 1;
+  bool even = true;
+  for (int64_t d = nb - 1; d >= 0; --d) {
+    if (batch[d] == 1) continue;
+    if (step < 0) {
+      step = strides[d];
+      inner = batch[d];
+    } else {
+      even = even && strides[d] == step * inner;
+      inner *= batch[d];
+    }
+  }
+  if (step < 0) step = 0;  // one matrix
+  return {view, even ? step : -1};
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  TP_CHECK(a_in.dim() >= 2 && b_in.dim() >= 2, "matmul: kernel needs operands of at least 2 dims, got {} and {}",
+           a_in.sizes(), b_in.sizes());
+  TP_CHECK(a_in.dtype() == b_in.dtype(), "matmul: dtype mismatch: {} {} and {} {}", a_in.dtype(), a_in.sizes(),
+           b_in.dtype(), b_in.sizes());
+  const int64_t M = a_in.size(-2), K = a_in.size(-1), N = b_in.size(-1);
+  TP_CHECK(b_in.size(-2) == K, "matmul: shapes {} and {} cannot be multiplied (inner dims {} != {})", a_in.sizes(),
+           b_in.sizes(), K, b_in.size(-2));
+  Shape batch_a(a_in.sizes().begin(), a_in.sizes().end() - 2), batch_b(b_in.sizes().begin(), b_in.sizes().end() - 2);
+  Shape batch = broadcast_shapes("matmul", batch_a, batch_b);
+  Shape out_shape = batch;
+  out_shape.push_back(M);
+  out_shape.push_back(N);
+  dispatch_floating(a_in.dtype(), "matmul", [](auto) {});
+  Tensor out = empty_on(out_shape, a_in.dtype(), a_in.device());
+  if (K == 0) fill_(out, 0.0);
+  if (K == 0 || out.numel() == 0) return out;
+
+  // Each operand: a readable matrix layout and evenly spaced matrices, else a contiguous copy.
+  auto prepare = [&](const Tensor& t, int64_t rows, int64_t cols) {
+    std::pair<Tensor, int64_t> viewed = batched_view(t, batch);
+    Tensor view = viewed.first;
+    int64_t step = viewed.second;
+    MatLayout layout = gemm_layout(rows, cols, view.stride(-2), view.stride(-1));
+    if (!layout.ok || step < 0) {
+      view = contiguous(view);
+      step = rows * cols;
+      if (shape_numel(batch) <= 1) step = 0;
+      layout = gemm_layout(rows, cols, view.stride(-2), view.stride(-1));
+    }
+    return std::make_tuple(view, step, layout);
+  };
+  Tensor a, b;
+  int64_t step_a = 0, step_b = 0;
+  MatLayout la, lb;
+  std::tie(a, step_a, la) = prepare(a_in, M, K);
+  std::tie(b, step_b, lb) = prepare(b_in, K, N);
+  const int64_t n_batch = shape_numel(batch);
+  dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    gemm_batched<T>("matmul", la.trans, lb.trans, M, N, K, 1.0, a.template data_ptr<T>(), la.ld, step_a,
+                    b.template data_ptr<T>(), lb.ld, step_b, 0.0, out.template data_ptr<T>(), N, M * N, n_batch);
+  });
+  return out;
+}
+
+}  // namespace tapestry::kernels::cuda

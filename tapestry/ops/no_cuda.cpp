@@ -1,0 +1,40 @@
+// The CUDA runtime of a build without -DTAPESTRY_CUDA=ON: nothing to use, and errors that say how
+// to get it. (ops/cuda/runtime.cu replaces this file in a CUDA build.)
+#include <cstring>
+
+#include "tapestry/ops/cuda.h"
+
+namespace tapestry::cuda {
+
+namespace {
+[[noreturn]] void not_built(const char* what, Device device) {
+  throw Error(fmt::format("{}: device {} is not built in: this build has only the cpu backend (configure with "
+                          "-DTAPESTRY_CUDA=ON)", what, device_name(device)));
+}
+}  // namespace
+
+bool built() { return false; }
+int device_count() { return 0; }
+bool is_available() { return false; }
+std::string unavailable_reason() { return "this build has no CUDA backend (configure with -DTAPESTRY_CUDA=ON)"; }
+void synchronize(Device device) {
+  if (device.is_cuda()) not_built("synchronize", device);
+}
+MemoryStats memory_stats(Device) { return {}; }
+void reset_peak_memory(Device) {}
+void empty_cache(Device) {}
+void set_allow_tf32(bool) {}
+bool allow_tf32() { return false; }
+
+namespace detail {
+void* allocate(size_t, Device device) { not_built("Storage", device); }
+void release(void*, size_t, Device) noexcept {}
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
+  if (dst_device.is_cuda()) not_built("copy_", dst_device);
+  if (src_device.is_cuda()) not_built("copy_", src_device);
+  if (nbytes > 0) std::memcpy(dst, src, nbytes);
+}
+void set_device(Device device) { not_built("set_device", device); }
+}  // namespace detail
+
+}  // namespace tapestry::cuda

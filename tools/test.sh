@@ -6,8 +6,13 @@
 #   sanitize  the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, in build-sanitize/
 #             (RelWithDebInfo), without MPI (the one-process build every user gets by default),
 #             less the `kill` loop (kept to the release stage for time)
+#   cuda      the CUDA variant (-DTAPESTRY_CUDA=ON, nvcc from /usr/local/cuda, sm_80 and sm_90) in
+#             build-cuda/: the library, the command line and tests/cuda_check compiled and linked,
+#             then ctest -L cuda, which runs every CPU-vs-GPU check on a GPU and otherwise reports
+#             itself skipped with the reason (no GPU, or no driver); without a toolkit the stage
+#             says so and is skipped
 #   fuzz      tools/fuzz.sh: every libFuzzer target for TAPESTRY_FUZZ_SECONDS (default 20) each
-#   tools/test.sh                                   # all three stages
+#   tools/test.sh                                   # all four stages
 #   TAPESTRY_TEST_STAGES=release tools/test.sh      # only the release suite (a quick local run)
 #   TAPESTRY_SANITIZE=ON tools/test.sh              # only the sanitizer stage
 #   CTEST_ARGS="-R gradcheck" tools/test.sh         # extra ctest arguments, for every ctest stage
@@ -18,7 +23,7 @@ tools/setup.sh
 tools/setup-reference.sh
 tools/get-gpt2-tokenizer.sh  # the GPT-2 tokenizer tests read its vocabulary files
 
-stages="${TAPESTRY_TEST_STAGES:-release sanitize fuzz}"
+stages="${TAPESTRY_TEST_STAGES:-release cuda sanitize fuzz}"
 [ "${TAPESTRY_SANITIZE:-OFF}" = "ON" ] && stages=sanitize
 jobs="$(nproc)"
 
@@ -36,8 +41,17 @@ for stage in $stages; do
   case $stage in
     release) run_suite build Release OFF "long|soak" ON ;;
     sanitize) run_suite build-sanitize RelWithDebInfo ON "long|soak|kill|install" OFF ;;
+    cuda)
+      if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
+        cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DTAPESTRY_CUDA=ON >/dev/null
+        cmake --build build-cuda -j "$jobs" --target tapestry_cli cuda_check
+        build-cuda/tapestry --version
+        (cd build-cuda && ctest --output-on-failure -L cuda)
+      else
+        echo "tools/test.sh: cuda stage skipped: no CUDA toolkit (nvcc) at /usr/local/cuda"
+      fi ;;
     fuzz) tools/fuzz.sh "${TAPESTRY_FUZZ_SECONDS:-20}" ;;
-    *) echo "tools/test.sh: unknown stage '$stage' (release, sanitize, fuzz)"; exit 2 ;;
+    *) echo "tools/test.sh: unknown stage '$stage' (release, cuda, sanitize, fuzz)"; exit 2 ;;
   esac
   echo "== tools/test.sh: $stage stage passed in $((SECONDS - start)) s"
 done

@@ -38,10 +38,12 @@ Device device_of_all(const char* op, const std::vector<Tensor>& tensors) {
   return tensors.empty() ? Device::CPU : tensors[0].device();
 }
 
+#ifndef TAPESTRY_WITH_CUDA
 [[noreturn]] void no_cuda_backend(const char* op) {
   throw Error(fmt::format("{}: tensor on cuda, but this build has only the cpu backend (configure with "
                           "-DTAPESTRY_CUDA=ON)", op));
 }
+#endif
 
 }  // namespace
 

@@ -9,8 +9,7 @@
 // loss is the same from run to run. Backward is elementwise over [N, V]: it needs only the
 // logits and each row's lse. Targets are checked on the device, never copied to the host: a
 // target that is neither ignore_index nor a class is reported through the device error flag
-// (raised at the next synchronisation; backward's item() on the loss's gradient is one) and its
-// row is skipped, never indexed.
+// (raised by the next synchronize() or copy to the host) and its row is skipped, never indexed.
 #include <cfloat>
 #include <cstdint>
 #include <limits>
@@ -43,8 +42,6 @@ void check_shapes(const Tensor& logits, const Tensor& target) {
            "cross_entropy: target must be int64 [{}] to match logits {}, got {} {}", logits.size(0), logits.sizes(),
            target.dtype(), target.sizes());
 }
-
-Tensor as_contiguous(const Tensor& t) { return t.is_contiguous() ? t : contiguous(t); }
 
 // ---- group reductions (the scheme of ops/cuda/reduce.cu): G = blockDim.x threads (a multiple of
 // 32) per row, blockDim.y rows per block, kThreads threads in all
@@ -202,7 +199,7 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
       fill_(out.loss_sum, 0.0);
       return;
     }
-    Tensor logits = as_contiguous(logits_in), target = as_contiguous(target_in);
+    Tensor logits = contiguous(logits_in), target = contiguous(target_in);
     Tensor row_loss = empty_on({N}, DType::Float64, device);  // [N]
     Tensor row_counted = empty_on({N}, DType::Int64, device);  // [N], 0 or 1
     Tensor count = empty_on({}, DType::Int64, device);
@@ -241,7 +238,7 @@ Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, 
   dispatch_floating(logits_in.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (grad.numel() == 0) return;
-    Tensor logits = as_contiguous(logits_in), target = as_contiguous(target_in), lse = as_contiguous(lse_in);
+    Tensor logits = contiguous(logits_in), target = contiguous(target_in), lse = contiguous(lse_in);
     cross_entropy_backward_kernel<T><<<blocks_for(N * V), kThreads, 0, stream()>>>(
         logits.data_ptr<T>(), target.data_ptr<int64_t>(), lse.data_ptr<T>(), grad.data_ptr<T>(), N, V, q,
         ignore_index, scale, device_error(), op_id("cross_entropy_backward"));

@@ -177,7 +177,8 @@ void reduce_rows(const char* op, Device device, const In* in, Out* out, int64_t 
     return;
   }
   // One partial per chunk, then the partials reduced as rows of their own. The partials go back
-  // to the allocator on return, after every kernel that reads them is queued on stream().
+  // to the allocator on return, with the kernels that read them queued but maybe not run: safe,
+  // as freed memory only goes to work queued later on the same stream (Note [One stream]).
   Tensor partial = empty_on({rows, n_chunks}, dtype_of<A>(), device);
   A* partial_data = partial.data_ptr<A>();
   reduce_rows_kernel<In, A, A, Load, Op><<<lg.grid, lg.block, 0, stream()>>>(in, partial_data, rows * n_chunks,
@@ -238,8 +239,10 @@ void reduce_columns(const char* op, Device device, const In* in, Out* out, int64
 template <class In, class A, class Out, class Op>
 void reduce_as(const char* op, const Tensor& in, bool columns, int64_t n_out, int64_t n_red, const Tensor& out,
                Op combine) {
-  if (columns) reduce_columns<In, A, Out>(op, in.device(), in.data_ptr<In>(), out.data_ptr<Out>(), n_red, n_out, combine);
-  else reduce_rows<In, A, Out>(op, in.device(), in.data_ptr<In>(), out.data_ptr<Out>(), n_out, n_red, Cast<A>{}, combine);
+  const In* data = in.data_ptr<In>();
+  Out* result = out.data_ptr<Out>();
+  if (columns) reduce_columns<In, A, Out>(op, in.device(), data, result, n_red, n_out, combine);
+  else reduce_rows<In, A, Out>(op, in.device(), data, result, n_out, n_red, Cast<A>{}, combine);
 }
 
 std::vector<bool> dims_mask(const char* op, const std::vector<int64_t>& dims, int64_t ndim) {
@@ -251,8 +254,6 @@ std::vector<bool> dims_mask(const char* op, const std::vector<int64_t>& dims, in
   }
   return mask;
 }
-
-Tensor as_contiguous(const Tensor& t) { return t.is_contiguous() ? t : contiguous(t); }
 
 // ---- max/min with indices
 
@@ -432,7 +433,7 @@ Tensor sum_of_squares(const Tensor& a_in) {
       fill_(out, 0.0);
       return;
     }
-    Tensor a = as_contiguous(a_in);
+    Tensor a = contiguous(a_in);
     reduce_rows<T, double, double>("sum_of_squares", a.device(), a.data_ptr<T>(), out.data_ptr<double>(), 1, n,
                                    Square{}, SumOp<double>{});
   });
@@ -480,7 +481,7 @@ Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<in
     Shape sizes = kept_sizes, strides = kept_strides;
     sizes.insert(sizes.end(), red_sizes.begin(), red_sizes.end());
     strides.insert(strides.end(), red_strides.begin(), red_strides.end());
-    in = as_contiguous(tapestry::make_tensor(a.impl().storage, sizes, strides, a.offset(), a.dtype()));
+    in = contiguous(tapestry::make_tensor(a.impl().storage, sizes, strides, a.offset(), a.dtype()));
   }
 
   dispatch(a.dtype(), [&](auto tag) {
@@ -525,7 +526,7 @@ std::pair<Tensor, Tensor> reduce_with_index(const char* op, Reduce kind, const T
     using T = typename decltype(tag)::type;
     const int64_t rows = values.numel();
     if (rows == 0) return;
-    Tensor in = as_contiguous(tapestry::make_tensor(a.impl().storage, sizes, strides, a.offset(), a.dtype()));
+    Tensor in = contiguous(tapestry::make_tensor(a.impl().storage, sizes, strides, a.offset(), a.dtype()));
     const RowGroups lg = row_groups(rows, n);
     using MaxBest = ArgBest<T, true>;
     using MinBest = ArgBest<T, false>;
@@ -547,7 +548,7 @@ Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {
   dispatch_floating(a_in.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (out.numel() == 0) return;
-    Tensor a = as_contiguous(a_in);
+    Tensor a = contiguous(a_in);
     const RowView rv = row_view(a, dim);
     const RowGroups lg = row_groups(rv.outer * rv.inner, rv.n);
     softmax_kernel<T><<<lg.grid, lg.block, 0, stream()>>>(a.data_ptr<T>(), out.data_ptr<T>(), rv, log);
@@ -566,7 +567,7 @@ Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bo
   dispatch_floating(y_in.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (dx.numel() == 0) return;
-    Tensor y = as_contiguous(y_in), dy = as_contiguous(dy_in);
+    Tensor y = contiguous(y_in), dy = contiguous(dy_in);
     const RowView rv = row_view(y, dim);
     const RowGroups lg = row_groups(rv.outer * rv.inner, rv.n);
     softmax_backward_kernel<T><<<lg.grid, lg.block, 0, stream()>>>(y.data_ptr<T>(), dy.data_ptr<T>(),
@@ -594,10 +595,10 @@ LayerNormOut layer_norm(const Tensor& x_in, int64_t norm_dims, const Tensor& wei
                  empty_on(row_shape, x_in.dtype(), device)};
   dispatch_floating(x_in.dtype(), "layer_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    // Rows of no elements get a NaN mean and rstd (0 / 0), where the CPU leaves them unwritten.
+    // Rows of no elements (n = 0) get a NaN mean and rstd (0 / 0), where the CPU leaves them unwritten.
     if (rows == 0) return;
-    Tensor x = as_contiguous(x_in);
-    Tensor w = weight.defined() ? as_contiguous(weight) : weight, b = bias.defined() ? as_contiguous(bias) : bias;
+    Tensor x = contiguous(x_in);
+    Tensor w = weight.defined() ? contiguous(weight) : weight, b = bias.defined() ? contiguous(bias) : bias;
     const RowGroups lg = row_groups(rows, n);
     layer_norm_kernel<T><<<lg.grid, lg.block, 0, stream()>>>(
         x.data_ptr<T>(), w.defined() ? w.data_ptr<T>() : nullptr, b.defined() ? b.data_ptr<T>() : nullptr,
@@ -631,10 +632,10 @@ LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, cons
   }
   dispatch_floating(x_in.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    Tensor x = as_contiguous(x_in), dy = as_contiguous(dy_in);
-    Tensor mean = as_contiguous(mean_in), rstd = as_contiguous(rstd_in);
+    Tensor x = contiguous(x_in), dy = contiguous(dy_in);
+    Tensor mean = contiguous(mean_in), rstd = contiguous(rstd_in);
     if (g.dx.numel() > 0) {
-      Tensor w = weight.defined() ? as_contiguous(weight) : weight;
+      Tensor w = weight.defined() ? contiguous(weight) : weight;
       const RowGroups lg = row_groups(rows, n);
       layer_norm_backward_kernel<T><<<lg.grid, lg.block, 0, stream()>>>(
           dy.data_ptr<T>(), x.data_ptr<T>(), mean.data_ptr<T>(), rstd.data_ptr<T>(),

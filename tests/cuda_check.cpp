@@ -69,7 +69,16 @@ void check_op_table(Device device) {
       TensorList on_device;
       for (const Tensor& x : s.inputs) on_device.push_back(same_layout_on(x, device));
       opinfo::RunResult cpu = opinfo::run_case(op.fn, s.inputs, op.differentiable, 1000 + k);
-      opinfo::RunResult gpu = opinfo::run_case(op.fn, on_device, op.differentiable, 1000 + k);
+      // Data errors found on the device surface at a synchronisation: make it the op's own call,
+      // so that they count for this sample (the CPU throws them from the call).
+      const opinfo::OpFn synced = [&](const TensorList& in) {
+        TensorList out = op.fn(in);
+        cuda::synchronize(device);
+        return out;
+      };
+      opinfo::RunResult gpu = opinfo::run_case(synced, on_device, op.differentiable, 1000 + k);
+      const std::string late = error_of([&] { cuda::synchronize(device); });  // from the backward
+      if (!late.empty() && gpu.backward_error.empty()) gpu.backward_error = late;
       ++samples;
       expect(!gpu.foreign, where + ": threw something other than a tapestry::Error: " + gpu.error);
       expect(cpu.threw == gpu.threw, where + ": the CPU " + (cpu.threw ? "threw (" + cpu.error + ")" : "ran") +

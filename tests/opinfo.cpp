@@ -1225,7 +1225,7 @@ RunResult run_case(const OpFn& fn, const TensorList& inputs_in, const std::vecto
     for (size_t j = 0; j < r.outputs.size(); ++j) {
       const Tensor& o = r.outputs[j];
       if (!o.defined() || !is_floating(o.dtype()) || !o.requires_grad()) continue;
-      Tensor g = randn(o.sizes(), o.dtype(), &gen);
+      Tensor g = randn(o.sizes(), o.options(), &gen);  // drawn on the host, then on o's device
       r.gouts[j] = g;
       Tensor term = sum(mul(o, g));
       total = total.defined() ? add(total, term) : term;

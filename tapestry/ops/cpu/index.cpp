@@ -64,6 +64,9 @@ Tensor index_select(const char* op, const Tensor& a_in, int64_t dim, const Tenso
 Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index_in, const Tensor& src_in) {
   TP_PROFILE("index_add");
   Tensor index = contiguous(index_in), src = contiguous(src_in);
+  // Callers pass indices their forward checked, but as a kernel entry it must never write out of
+  // bounds (one pass over the indices).
+  check_index("index_add", index, shape.empty() ? 1 : shape[dim], dim, shape);
   Tensor out = zeros(shape, src.dtype());
   Split3 s = split3(shape, dim);
   const int64_t m = index.numel();

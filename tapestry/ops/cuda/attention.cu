@@ -54,9 +54,11 @@ __device__ inline bool is_masked(const bool* mask_row, bool causal, int64_t quer
 // One block per query row: mask the scaled scores, save (max, log sum), and turn the row into
 // the (dropped) probabilities in place.
 template <class T>
-__global__ void softmax_rows(T* scores, T* stats, const bool* mask, int64_t tq, int64_t tk, bool causal,
+__global__ void softmax_rows(T* scores, T* stats, const bool* mask, int64_t rows, int64_t tq, int64_t tk, bool causal,
                              Dropout drop) {
-  const int64_t row = blockIdx.x, query = row % tq;
+  // Rows beyond the grid loop; every thread of a block takes the same rows (block_reduce syncs).
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+  const int64_t query = row % tq;
   T* s = scores + row * tk;
   const bool* m = mask ? mask + row * tk : nullptr;
   T mx = -std::numeric_limits<T>::infinity();
@@ -84,6 +86,7 @@ __global__ void softmax_rows(T* scores, T* stats, const bool* mask, int64_t tq, 
     stats[2 * row] = mx;
     stats[2 * row + 1] = sum > 0 ? math::log(sum) : std::numeric_limits<T>::infinity();
   }
+  }
 }
 
 // One block per query row of the backward: from the raw scaled scores, the saved statistics and
@@ -91,8 +94,9 @@ __global__ void softmax_rows(T* scores, T* stats, const bool* mask, int64_t tq, 
 // probabilities P z over the scores, with D = dO . O of the row.
 template <class T>
 __global__ void backward_rows(T* scores, T* dprobs, const T* stats, const T* out, const T* dout, int64_t ev,
-                              const bool* mask, int64_t tq, int64_t tk, bool causal, Dropout drop) {
-  const int64_t row = blockIdx.x, query = row % tq;
+                              const bool* mask, int64_t rows, int64_t tq, int64_t tk, bool causal, Dropout drop) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+  const int64_t query = row % tq;
   T d = 0;
   for (int64_t j = threadIdx.x; j < ev; j += blockDim.x) d += out[row * ev + j] * dout[row * ev + j];
   d = block_reduce(d, SumOp<T>());
@@ -110,7 +114,11 @@ __global__ void backward_rows(T* scores, T* dprobs, const T* stats, const T* out
     dp[c] = masked ? T(0) : p * (dp[c] * z - d);
     s[c] = p * z;
   }
+  }
 }
+
+// One block per row, looping when there are more rows than a grid holds.
+unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 65535LL * 32)); }
 
 Dropout make_dropout(double p, uint64_t seed) {
   if (p <= 0) return {false, 0, 0, 1.0};
@@ -172,12 +180,14 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
       Tensor scores = empty_on({P.bh, P.tq, P.tk}, q_in.dtype(), device);
       dispatch_floating(q_in.dtype(), op, [&](auto tag) {
         using T = typename decltype(tag)::type;
-        gemm_batched<T>(op, false, true, P.tq, P.tk, P.e, scale, P.q.template data_ptr<T>(), P.e, P.tq * P.e,
-                        P.k.template data_ptr<T>(), P.e, P.tk * P.e, 0.0, scores.template data_ptr<T>(), P.tk,
-                        P.tq * P.tk, P.bh);
-        softmax_rows<T><<<static_cast<unsigned>(P.bh * P.tq), kRowThreads, 0, stream()>>>(
+        if (P.e == 0) fill_(scores, 0.0);  // no features: every score is 0 (cuBLAS is not asked for k = 0)
+        else
+          gemm_batched<T>(op, false, true, P.tq, P.tk, P.e, scale, P.q.template data_ptr<T>(), P.e, P.tq * P.e,
+                          P.k.template data_ptr<T>(), P.e, P.tk * P.e, 0.0, scores.template data_ptr<T>(), P.tk,
+                          P.tq * P.tk, P.bh);
+        softmax_rows<T><<<row_blocks(P.bh * P.tq), kRowThreads, 0, stream()>>>(
             scores.template data_ptr<T>(), lse.template data_ptr<T>(),
-            P.mask.defined() ? P.mask.template data_ptr<bool>() : nullptr, P.tq, P.tk, is_causal,
+            P.mask.defined() ? P.mask.template data_ptr<bool>() : nullptr, P.bh * P.tq, P.tq, P.tk, is_causal,
             make_dropout(dropout_p, seed));
         TP_CUDA_LAUNCHED(op);
       });
@@ -188,10 +198,13 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
   dispatch_floating(q_in.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* S = scores.template data_ptr<T>();
-    gemm_batched<T>(op, false, true, P.tq, P.tk, P.e, scale, P.q.template data_ptr<T>(), P.e, P.tq * P.e,
-                    P.k.template data_ptr<T>(), P.e, P.tk * P.e, 0.0, S, P.tk, P.tq * P.tk, P.bh);
-    softmax_rows<T><<<static_cast<unsigned>(P.bh * P.tq), kRowThreads, 0, stream()>>>(
-        S, lse.template data_ptr<T>(), P.mask.defined() ? P.mask.template data_ptr<bool>() : nullptr, P.tq, P.tk,
+    if (P.e == 0) fill_(scores, 0.0);  // no features: every score is 0 (cuBLAS is not asked for k = 0)
+    else
+      gemm_batched<T>(op, false, true, P.tq, P.tk, P.e, scale, P.q.template data_ptr<T>(), P.e, P.tq * P.e,
+                      P.k.template data_ptr<T>(), P.e, P.tk * P.e, 0.0, S, P.tk, P.tq * P.tk, P.bh);
+    softmax_rows<T><<<row_blocks(P.bh * P.tq), kRowThreads, 0, stream()>>>(
+        S, lse.template data_ptr<T>(), P.mask.defined() ? P.mask.template data_ptr<bool>() : nullptr, P.bh * P.tq,
+        P.tq, P.tk,
         is_causal, make_dropout(dropout_p, seed));
     TP_CUDA_LAUNCHED(op);
     gemm_batched<T>(op, false, false, P.tq, P.ev, P.tk, 1.0, S, P.tk, P.tq * P.tk, P.v.template data_ptr<T>(), P.ev,
@@ -222,14 +235,15 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
     const T* dO = dout.template data_ptr<T>();
     T *S = scores.template data_ptr<T>(), *dP = dprobs.template data_ptr<T>();
     const int64_t tq = P.tq, tk = P.tk, e = P.e, ev = P.ev, bh = P.bh;
-    gemm_batched<T>(op, false, true, tq, tk, e, scale, Q, e, tq * e, K, e, tk * e, 0.0, S, tk, tq * tk, bh);
+    if (e == 0) fill_(scores, 0.0);
+    else gemm_batched<T>(op, false, true, tq, tk, e, scale, Q, e, tq * e, K, e, tk * e, 0.0, S, tk, tq * tk, bh);
     if (ev > 0)  // dP' = dO V^T
       gemm_batched<T>(op, false, true, tq, tk, ev, 1.0, dO, ev, tq * ev, V, ev, tk * ev, 0.0, dP, tk, tq * tk, bh);
     else
       fill_(dprobs, 0.0);
-    backward_rows<T><<<static_cast<unsigned>(bh * tq), kRowThreads, 0, stream()>>>(
+    backward_rows<T><<<row_blocks(bh * tq), kRowThreads, 0, stream()>>>(
         S, dP, stats.template data_ptr<T>(), out.template data_ptr<T>(), dO, ev,
-        P.mask.defined() ? P.mask.template data_ptr<bool>() : nullptr, tq, tk, is_causal,
+        P.mask.defined() ? P.mask.template data_ptr<bool>() : nullptr, bh * tq, tq, tk, is_causal,
         make_dropout(dropout_p, seed));
     TP_CUDA_LAUNCHED(op);
     // dV = (P z)^T dO, dQ = scale dS K, dK = scale dS^T Q

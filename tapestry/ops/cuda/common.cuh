@@ -54,6 +54,8 @@ struct DeviceError {
   long long value, bound;
 };
 DeviceError* device_error();        // the current device's flag (device memory)
+// After the stream was synchronised anyway: raises a pending device-side error now (free).
+void check_device_errors();
 int op_id(const char* op);          // interns an op name for DeviceError::op (host)
 __device__ inline void report_error(DeviceError* flag, int code, int op, long long value, long long bound) {
   if (atomicCAS(&flag->code, 0, code) == 0) {

@@ -220,6 +220,7 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
                                   stream()),
                   "cross_entropy");
     TP_CUDA_CHECK(cudaStreamSynchronize(stream()), "cross_entropy");
+    check_device_errors();  // a bad target throws here, from the call, as on the CPU
     out.count = host_count;
   });
   return out;

@@ -20,8 +20,9 @@ void gemm_batched(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t
   const cublasComputeType_t compute =
       is_float ? (::tapestry::cuda::allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F) : CUBLAS_COMPUTE_64F;
   const T a = static_cast<T>(alpha), b = static_cast<T>(beta);
-  TP_CHECK(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && batch <= INT32_MAX,
-           "{}: a matrix dimension or batch count above 2^31 is beyond cuBLAS", op);
+  TP_CHECK(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && batch <= INT32_MAX && lda <= INT32_MAX &&
+               ldb <= INT32_MAX && ldc <= INT32_MAX,
+           "{}: a matrix dimension, leading dimension or batch count above 2^31 is beyond cuBLAS", op);
   // Column-major C^T (N x M) = op(B)^T (N x K) op(A)^T (K x M).
   TP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),

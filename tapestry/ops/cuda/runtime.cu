@@ -76,7 +76,9 @@ DeviceState& state_of(int index) {
     TP_CUBLAS_CHECK(cublasCreate(&s->cublas), "cuda");
     TP_CUBLAS_CHECK(cublasSetStream(s->cublas, s->stream), "cuda");
     TP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s->error), sizeof(DeviceError)), "cuda");
-    TP_CUDA_CHECK(cudaMemset(s->error, 0, sizeof(DeviceError)), "cuda");
+    // On the stream: a plain cudaMemset runs on the legacy stream, unordered with ours.
+    TP_CUDA_CHECK(cudaMemsetAsync(s->error, 0, sizeof(DeviceError), s->stream), "cuda");
+    TP_CUDA_CHECK(cudaStreamSynchronize(s->stream), "cuda");
     states[index] = s;
     current_device = index;
   }
@@ -95,9 +97,11 @@ std::vector<std::string>& op_names() {
 // error it holds, if any.
 void raise_pending_error(DeviceState& s) {
   DeviceError found{};
-  TP_CUDA_CHECK(cudaMemcpy(&found, s.error, sizeof found, cudaMemcpyDeviceToHost), "synchronize");
+  TP_CUDA_CHECK(cudaMemcpyAsync(&found, s.error, sizeof found, cudaMemcpyDeviceToHost, s.stream), "synchronize");
+  TP_CUDA_CHECK(cudaStreamSynchronize(s.stream), "synchronize");
   if (found.code == kNoError) return;
-  TP_CUDA_CHECK(cudaMemset(s.error, 0, sizeof(DeviceError)), "synchronize");
+  TP_CUDA_CHECK(cudaMemsetAsync(s.error, 0, sizeof(DeviceError), s.stream), "synchronize");
+  TP_CUDA_CHECK(cudaStreamSynchronize(s.stream), "synchronize");
   std::string op;
   {
     std::lock_guard<std::mutex> lock(names_mutex);
@@ -118,6 +122,7 @@ void sync_and_check(DeviceState& s, const char* op) {
 cudaStream_t stream() { return current_state().stream; }
 cublasHandle_t cublas() { return current_state().cublas; }
 DeviceError* device_error() { return current_state().error; }
+void check_device_errors() { raise_pending_error(current_state()); }
 
 int op_id(const char* op) {
   std::lock_guard<std::mutex> lock(names_mutex);
@@ -282,6 +287,8 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   set_device(dst_device);
   DeviceState& d = state_of(dst_device.index);
   TP_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, nbytes, d.stream), "copy_");
+  // Wait: the source's stream must not reuse or overwrite the source while the copy reads it.
+  TP_CUDA_CHECK(cudaStreamSynchronize(d.stream), "copy_");
 }
 
 }  // namespace detail

@@ -73,6 +73,15 @@ double peak_rss_mib() {
 Device bench_device = Device::CPU;
 void wait_for_device() { cuda::synchronize(bench_device); }
 
+// The peak resident memory, and the GPU's peak in tensors when the workload ran there.
+void print_memory() {
+  std::printf("peak RSS          %8.1f MiB\n", peak_rss_mib());
+  if (bench_device.is_cuda())
+    std::printf("peak GPU memory   %8.1f MiB in tensors (caching allocator, %s)\n",
+                static_cast<double>(cuda::memory_stats(bench_device).peak_allocated) / (1 << 20),
+                device_name(bench_device).c_str());
+}
+
 // Wall ms of each of `runs` calls of f, after `skip` untimed ones.
 std::vector<double> time_calls(int skip, int runs, const std::function<void()>& f) {
   std::vector<double> ms;
@@ -165,11 +174,7 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   std::printf("train tokens/s    %8.0f\n", tok_s);
   std::printf("forward           %8.2f ms median\n", median(fwd_ms));
   std::printf("sampled decode    %8.0f tokens/s (KV cache, %lld tokens)\n", dec_tok_s, (long long)decoded);
-  std::printf("peak RSS          %8.1f MiB\n", peak_rss_mib());
-  if (bench_device.is_cuda())
-    std::printf("peak GPU memory   %8.1f MiB in tensors (caching allocator, %s)\n",
-                static_cast<double>(cuda::memory_stats(bench_device).peak_allocated) / (1 << 20),
-                device_name(bench_device).c_str());
+  print_memory();
   return 0;
 }
 
@@ -269,11 +274,7 @@ int run_bench(const BenchOptions& o) {
   std::printf("greedy decode     %8.0f tokens/s (KV cache, %lld tokens)\n", dec_tok_s, (long long)decoded);
   std::printf("sgemm             %8.1f GFLOP/s (%lldx%lld @ %lldx%lld)\n", sgemm_gflops,
               (long long)(w.batch * w.tgt_len), (long long)w.d_model, (long long)w.d_model, (long long)w.d_ff);
-  std::printf("peak RSS          %8.1f MiB\n", peak_rss_mib());
-  if (bench_device.is_cuda())
-    std::printf("peak GPU memory   %8.1f MiB in tensors (caching allocator, %s)\n",
-                static_cast<double>(cuda::memory_stats(bench_device).peak_allocated) / (1 << 20),
-                device_name(bench_device).c_str());
+  print_memory();
   return 0;
 }
 

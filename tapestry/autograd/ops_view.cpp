@@ -250,14 +250,8 @@ Tensor to(const Tensor& a, DType dtype) {
 Tensor to(const Tensor& a, Device device) {
   if (a.device() == device) return a;
   Device in = a.device();
-  Tensor out = empty(a.sizes(), TensorOptions(a.dtype(), device));
-  kernels::copy_(out, a);
-  out.impl().storage->version = 0;
-  return record("ToDeviceBackward", out, {a}, [in](const Tensor& g) {
-    Tensor back = empty(g.sizes(), TensorOptions(g.dtype(), in));
-    kernels::copy_(back, g);
-    return TensorList{back};
-  });
+  return record("ToDeviceBackward", kernels::to_device(a, device), {a},
+                [in](const Tensor& g) { return TensorList{kernels::to_device(g, in)}; });
 }
 
 }  // namespace tapestry

@@ -1,13 +1,15 @@
 // The one place where kernel entry points choose a backend. Each entry finds the device its tensors
-// share (common_device; two devices in one call is an Error naming both) and forwards the call,
-// unchanged, to kernels::cpu or kernels::cuda. One line per entry; no op switches on devices.
-// copy_ is the exception that moves data between devices (a staged byte copy plus the backend's
-// strided copy).
+// share (common_device; two devices in one call is an Error naming both), runs the checks that need
+// no data (dtypes, shapes, in-place rules: once here, not in every backend) and forwards the call,
+// unchanged, to kernels::cpu or kernels::cuda. No op switches on devices. copy_ also moves data
+// between devices (a staged byte copy plus the backend's strided copy); contiguous, to_dtype and
+// cat are composites of copy_, defined here for every device.
 #include <algorithm>
 
 #include "tapestry/ops/backend.h"
 #include "tapestry/ops/cuda.h"
 #include "tapestry/ops/factory.h"
+#include "tapestry/ops/profile.h"
 
 namespace tapestry::kernels {
 
@@ -32,6 +34,35 @@ Device common_device(const char* op, std::initializer_list<const Tensor*> tensor
 }
 
 namespace {
+
+// In-place writes into an expanded view would write one element many times (and race).
+void check_writable(const char* op, const Tensor& dst) {
+  if (dst.numel() == 0) return;  // nothing is written
+  for (int64_t d = 0; d < dst.dim(); ++d)
+    TP_CHECK(dst.stride(d) != 0 || dst.size(d) <= 1,
+             "{}: the destination of shape {} (strides {}) is an expanded view whose elements share memory; "
+             "clone() it first", op, dst.sizes(), dst.strides());
+}
+
+void check_binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
+  TP_CHECK(a.dtype() == b.dtype(), "{}: dtype mismatch: {} {} and {} {} (convert one with .to())", op, a.dtype(),
+           a.sizes(), b.dtype(), b.sizes());
+  if (a.dtype() == DType::Bool)
+    TP_CHECK(kind == Binary::Eq || kind == Binary::Ne, "{}: not supported for bool tensors; convert with .to() first",
+             op);
+  if (a.dtype() == DType::Int64)
+    TP_CHECK(kind != Binary::Div && kind != Binary::Pow,
+             "{}: not supported for int64 tensors (integer division); convert to float first", op);
+}
+
+// Shapes and dtypes; the target values are checked by each backend (on the host, or on the GPU).
+void check_cross_entropy(const Tensor& logits, const Tensor& target, double eps) {
+  TP_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, classes], got shape {}", logits.sizes());
+  TP_CHECK(target.dtype() == DType::Int64 && target.dim() == 1 && target.size(0) == logits.size(0),
+           "cross_entropy: target must be int64 [{}] to match logits {}, got {} {}", logits.size(0), logits.sizes(),
+           target.dtype(), target.sizes());
+  TP_CHECK(eps >= 0 && eps < 1, "cross_entropy: label smoothing must be in [0, 1), got {}", eps);
+}
 
 Device device_of_all(const char* op, const std::vector<Tensor>& tensors) {
   for (size_t i = 1; i < tensors.size(); ++i) common_device(op, {&tensors[0], &tensors[i]});
@@ -68,25 +99,41 @@ Device device_of_all(const char* op, const std::vector<Tensor>& tensors) {
 #endif
 
 Tensor binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
-  TP_ROUTE(op, common_device(op, {&a, &b}), binary(op, kind, a, b));
+  const Device device = common_device(op, {&a, &b});
+  check_binary(op, kind, a, b);
+  TP_ROUTE(op, device, binary(op, kind, a, b));
 }
 void binary_(const char* op, Binary kind, Tensor& a, const Tensor& b) {
-  TP_ROUTE(op, common_device(op, {&a, &b}), binary_(op, kind, a, b));
+  const Device device = common_device(op, {&a, &b});
+  check_binary(op, kind, a, b);
+  TP_CHECK(!is_comparison(kind), "{}: comparisons have no in-place form", op);
+  check_writable(op, a);
+  Shape shape = broadcast_shapes(op, a.sizes(), b.sizes());
+  TP_CHECK(shape == a.sizes(), "{}: in-place result of shape {} does not fit the destination of shape {}", op, shape,
+           a.sizes());
+  TP_ROUTE(op, device, binary_(op, kind, a, b));
 }
 Tensor unary(const char* op, Unary kind, const Tensor& a, double p0, double p1) {
+  if (kind == Unary::Clamp) TP_CHECK(p0 <= p1, "{}: min {} is greater than max {}", op, p0, p1);
   TP_ROUTE(op, a.device(), unary(op, kind, a, p0, p1));
 }
 Tensor where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& b) {
-  TP_ROUTE(op, common_device(op, {&cond, &a, &b}), where(op, cond, a, b));
+  const Device device = common_device(op, {&cond, &a, &b});
+  TP_CHECK(cond.dtype() == DType::Bool, "{}: condition must be a bool mask, got {} {}", op, cond.dtype(),
+           cond.sizes());
+  TP_CHECK(a.dtype() == b.dtype(), "{}: dtype mismatch: {} {} and {} {}", op, a.dtype(), a.sizes(), b.dtype(),
+           b.sizes());
+  TP_ROUTE(op, device, where(op, cond, a, b));
 }
 
 void copy_(const Tensor& dst, const Tensor& src) {
-  if (dst.device() == src.device()) TP_ROUTE("copy_", dst.device(), copy_(dst, src));
-  // Across devices: src made contiguous in dst's dtype on its own device, its bytes copied to a
-  // contiguous buffer on dst's device (dst itself when it fits), then broadcast into dst there.
   Shape shape = broadcast_shapes("copy_", dst.sizes(), src.sizes());
   TP_CHECK(shape == dst.sizes(), "copy_: source of shape {} cannot be broadcast to the destination shape {}",
            src.sizes(), dst.sizes());
+  check_writable("copy_", dst);
+  if (dst.device() == src.device()) TP_ROUTE("copy_", dst.device(), copy_(dst, src));
+  // Across devices: src made contiguous in dst's dtype on its own device, its bytes copied to a
+  // contiguous buffer on dst's device (dst itself when it fits), then broadcast into dst there.
   Tensor staged = contiguous(to_dtype(src, dst.dtype()));
   const bool direct = dst.is_contiguous() && dst.sizes() == src.sizes();
   Tensor landing = direct ? dst : empty(src.sizes(), TensorOptions(dst.dtype(), dst.device()));
@@ -97,8 +144,59 @@ void copy_(const Tensor& dst, const Tensor& src) {
 }
 
 void fill_(const Tensor& dst, double value) { TP_ROUTE("fill_", dst.device(), fill_(dst, value)); }
-Tensor contiguous(const Tensor& a) { TP_ROUTE("contiguous", a.device(), contiguous(a)); }
-Tensor to_dtype(const Tensor& a, DType dtype) { TP_ROUTE("to", a.device(), to_dtype(a, dtype)); }
+
+Tensor contiguous(const Tensor& a) {
+  if (a.is_contiguous()) return a;
+  Tensor out = empty(a.sizes(), a.options());
+  copy_(out, a);
+  return out;
+}
+
+Tensor to_dtype(const Tensor& a, DType dtype) {
+  if (a.dtype() == dtype) return a;
+  Tensor out = empty(a.sizes(), TensorOptions(dtype, a.device()));
+  copy_(out, a);
+  return out;
+}
+
+Tensor to_device(const Tensor& a, Device device) {
+  if (a.device() == device) return a;
+  Tensor out = empty(a.sizes(), TensorOptions(a.dtype(), device));
+  copy_(out, a);
+  out.impl().storage->version = 0;  // a new tensor, whatever filled it
+  return out;
+}
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  TP_PROFILE("cat");
+  TP_CHECK(!tensors.empty(), "cat: expected a non-empty list of tensors");
+  const Device device = device_of_all("cat", tensors);
+  const Tensor& first = tensors[0];
+  TP_CHECK(first.dim() > 0, "cat: zero-dimensional tensors cannot be concatenated (use stack)");
+  dim = wrap_dim("cat", dim, first.dim());
+  Shape out_shape = first.sizes();
+  out_shape[dim] = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    TP_CHECK(t.dtype() == first.dtype(), "cat: tensor {} is {} but tensor 0 is {}", i, t.dtype(), first.dtype());
+    TP_CHECK(t.dim() == first.dim(), "cat: tensor {} has shape {} but tensor 0 has shape {} (dims differ)", i,
+             t.sizes(), first.sizes());
+    for (int64_t d = 0; d < t.dim(); ++d)
+      TP_CHECK(d == dim || t.size(d) == first.size(d),
+               "cat: tensor {} has shape {} but tensor 0 has shape {}; they must match except in dim {}", i,
+               t.sizes(), first.sizes(), dim);
+    out_shape[dim] += t.size(dim);
+  }
+  Tensor out = empty(out_shape, TensorOptions(first.dtype(), device));
+  int64_t pos = 0;
+  for (const Tensor& t : tensors) {  // each into its slice of out (a view: same storage)
+    Shape s = out_shape;
+    s[dim] = t.size(dim);
+    copy_(make_tensor(out.impl().storage, s, out.strides(), pos * out.stride(dim), out.dtype()), t);
+    pos += t.size(dim);
+  }
+  return out;
+}
 
 Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   TP_ROUTE(op, a.device(), reduce(op, kind, a, dims, keepdim));
@@ -137,18 +235,17 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
 Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
   TP_ROUTE("scatter_add", common_device("scatter_add", {&index, &src}), scatter_add(shape, dim, index, src));
 }
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  TP_ROUTE("cat", device_of_all("cat", tensors), cat(tensors, dim));
-}
 
 CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& target, double smoothing, int64_t ignore_index) {
-  TP_ROUTE("cross_entropy", common_device("cross_entropy", {&logits, &target}),
-           cross_entropy(logits, target, smoothing, ignore_index));
+  const Device device = common_device("cross_entropy", {&logits, &target});
+  check_cross_entropy(logits, target, smoothing);
+  TP_ROUTE("cross_entropy", device, cross_entropy(logits, target, smoothing, ignore_index));
 }
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, double smoothing,
                               int64_t ignore_index, double scale) {
-  TP_ROUTE("cross_entropy_backward", common_device("cross_entropy_backward", {&logits, &target, &lse}),
-           cross_entropy_backward(logits, target, lse, smoothing, ignore_index, scale));
+  const Device device = common_device("cross_entropy_backward", {&logits, &target, &lse});
+  check_cross_entropy(logits, target, smoothing);
+  TP_ROUTE("cross_entropy_backward", device, cross_entropy_backward(logits, target, lse, smoothing, ignore_index, scale));
 }
 
 AttentionOut scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
@@ -192,8 +289,12 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, s
 
 void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                 const AdamStep& step) {
-  TP_ROUTE("adam_step_", common_device("adam_step_", {&param, &grad, &exp_avg, &exp_avg_sq}),
-           adam_step_(param, grad, exp_avg, exp_avg_sq, step));
+  const Device device = common_device("adam_step_", {&param, &grad, &exp_avg, &exp_avg_sq});
+  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq})
+    TP_CHECK(t->is_contiguous() && t->dtype() == param.dtype() && t->sizes() == param.sizes(),
+             "adam_step_: param, grad and state must be contiguous {} {}, got {} {}", param.dtype(), param.sizes(),
+             t->dtype(), t->sizes());
+  TP_ROUTE("adam_step_", device, adam_step_(param, grad, exp_avg, exp_avg_sq, step));
 }
 
 }  // namespace tapestry::kernels

@@ -63,11 +63,7 @@ namespace {
 // Tensors whose values are made on the host (ranges, literals, random draws) are made on the
 // CPU and then moved: the same seed gives the same numbers on every device.
 Tensor finish(Tensor t, const TensorOptions& opts) {
-  if (!opts.device.is_cpu()) {
-    Tensor moved = empty(t.sizes(), TensorOptions(t.dtype(), opts.device));
-    kernels::copy_(moved, t);
-    t = moved;
-  }
+  t = kernels::to_device(t, opts.device);
   t.impl().storage->version = 0;
   if (opts.requires_grad) t.requires_grad_();
   return t;

@@ -15,8 +15,6 @@ Tensor where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& 
 // dst = src (broadcast to dst's shape, converted to dst's dtype).
 void copy_(const Tensor& dst, const Tensor& src);
 void fill_(const Tensor& dst, double value);
-Tensor contiguous(const Tensor& a);
-Tensor to_dtype(const Tensor& a, DType dtype);
 
 // Reduce over `dims` (wrapped, any order). Sum of Bool/Int64 gives Int64.
 Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim);
@@ -43,7 +41,6 @@ Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Ten
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
 // zeros(shape) with out[..index[i]..] += src[i] along dim (the backward of gather).
 Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
 
 // Label-smoothed cross-entropy of logits [N, V] against int64 targets [N], fused with the
 // log-softmax: the target distribution q puts 1 - smoothing on the gold class, 0 on ignore_index

@@ -43,6 +43,16 @@ struct AdamStep {
 
 #include "tapestry/ops/kernel_entries.h"
 
+// Composites of copy_, defined once for every device (ops/dispatch.cpp): a itself when already
+// contiguous / of that dtype, else a fresh contiguous copy on a's device; and the concatenation
+// along dim (every tensor on one device, one dtype, equal sizes except in dim).
+Tensor contiguous(const Tensor& a);
+Tensor to_dtype(const Tensor& a, DType dtype);
+// a itself when already on `device`, else a contiguous copy there (version 0; no autograd:
+// Tensor::to(Device) is the differentiable form).
+Tensor to_device(const Tensor& a, Device device);
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
+
 // Throws an Error naming the op when t is not on `device`.
 void check_device(const char* op, const Tensor& t, Device device = Device::CPU);
 // The one device of an op's defined tensor arguments (undefined ones are skipped); tensors on

@@ -256,6 +256,14 @@ decltype(auto) with_binary_op(Binary kind, F&& f) {
   return f(op::Add{});  // unreachable: every kind is listed
 }
 
+// Whether a Unary kind takes only float32/float64 (the rest also take int64).
+inline bool unary_needs_floating(Unary kind) {
+  switch (kind) {
+    case Unary::Neg: case Unary::Abs: case Unary::Sign: case Unary::Relu: case Unary::Clamp: return false;
+    default: return true;
+  }
+}
+
 // f(functor) for a Unary kind with its parameters (p0: PowScalar's exponent, Clamp's min; p1:
 // Clamp's max). PyTorch computes x^0.5 and x^-0.5 as (r)sqrt: NaN for x = -inf, where pow gives
 // inf / 0; so do we.

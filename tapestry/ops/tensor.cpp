@@ -100,20 +100,9 @@ template double* Tensor::data_ptr<double>() const;
 template int64_t* Tensor::data_ptr<int64_t>() const;
 template bool* Tensor::data_ptr<bool>() const;
 
-namespace {
-// t itself on the CPU; otherwise a CPU copy (which synchronises with the device and so reports
-// any pending device-side error).
-Tensor on_host(const Tensor& t) {
-  if (t.device().is_cpu()) return t;
-  Tensor host = empty(t.sizes(), TensorOptions(t.dtype(), Device::CPU));
-  kernels::copy_(host, t);
-  return host;
-}
-}  // namespace
-
 template <class T> T Tensor::item() const {
   TP_CHECK(numel() == 1, "item: expected a tensor with one element, got shape {}", sizes());
-  Tensor host = on_host(*this);
+  Tensor host = kernels::to_device(*this, Device::CPU);  // a GPU copy synchronises (and reports device errors)
   return dispatch(dtype(), [&](auto tag) {
     using S = typename decltype(tag)::type;
     return static_cast<T>(*static_cast<const S*>(host.raw_data()));
@@ -125,7 +114,7 @@ template int64_t Tensor::item<int64_t>() const;
 template bool Tensor::item<bool>() const;
 
 template <class T> std::vector<T> Tensor::to_vector() const {
-  Tensor c = kernels::to_dtype(on_host(*this), dtype_of<T>());
+  Tensor c = kernels::to_dtype(kernels::to_device(*this, Device::CPU), dtype_of<T>());
   if (!c.is_contiguous()) c = kernels::contiguous(c);
   const T* p = c.data_ptr<T>();
   return std::vector<T>(p, p + c.numel());

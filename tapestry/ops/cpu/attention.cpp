@@ -138,13 +138,7 @@ Layout make_layout(const char* op, const Tensor& q, const Tensor& k, const Tenso
     Shape full = lead;
     full.push_back(L.tq);
     full.push_back(L.tk);
-    Shape st(full.size(), 0);
-    for (int64_t i = 1; i <= mask.dim(); ++i) {
-      const int64_t md = mask.dim() - i, fd = nd - i;
-      TP_CHECK(fd >= 0 && (mask.size(md) == full[fd] || mask.size(md) == 1),
-               "{}: the mask {} does not broadcast to the scores {}", op, mask.sizes(), full);
-      st[fd] = mask.size(md) == 1 ? 0 : mask.stride(md);
-    }
+    const Shape st = attention_mask_strides(op, mask, full);
     L.m_off = lead_offsets(lead, Shape(st.begin(), st.end() - 2));
     L.m_sq = st[nd - 2], L.m_sk = st[nd - 1];
     L.mask = mask.data_ptr<bool>();

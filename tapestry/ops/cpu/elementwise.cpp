@@ -9,17 +9,7 @@
 
 namespace tapestry::kernels::cpu {
 
-
 namespace {
-
-// Strides of t read as a tensor of `shape` (right-aligned broadcast: stride 0 where t has size 1).
-Shape broadcast_strides(const Tensor& t, const Shape& shape) {
-  Shape st(shape.size(), 0);
-  size_t off = shape.size() - t.sizes().size();
-  for (size_t i = 0; i < t.sizes().size(); ++i)
-    st[off + i] = t.sizes()[i] == 1 ? 0 : t.strides()[i];
-  return st;
-}
 
 template <class R, class T, class Op>
 void binary_loop(const Tensor& out, const Tensor& a, const Tensor& b, Op op) {
@@ -46,26 +36,6 @@ void binary_loop(const Tensor& out, const Tensor& a, const Tensor& b, Op op) {
                    });
 }
 
-// In-place writes into an expanded view would write one element many times (and race).
-void check_writable(const char* op, const Tensor& dst) {
-  if (dst.numel() == 0) return;  // nothing is written
-  for (int64_t d = 0; d < dst.dim(); ++d)
-    TP_CHECK(dst.stride(d) != 0 || dst.size(d) <= 1,
-             "{}: the destination of shape {} (strides {}) is an expanded view whose elements share memory; "
-             "clone() it first", op, dst.sizes(), dst.strides());
-}
-
-void check_binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
-  TP_CHECK(a.dtype() == b.dtype(), "{}: dtype mismatch: {} {} and {} {} (convert one with .to())", op, a.dtype(),
-           a.sizes(), b.dtype(), b.sizes());
-  if (a.dtype() == DType::Bool)
-    TP_CHECK(kind == Binary::Eq || kind == Binary::Ne, "{}: not supported for bool tensors; convert with .to() first",
-             op);
-  if (a.dtype() == DType::Int64)
-    TP_CHECK(kind != Binary::Div && kind != Binary::Pow,
-             "{}: not supported for int64 tensors (integer division); convert to float first", op);
-}
-
 // The functor of `kind` (ops/math.h) over a and b, into out.
 void run_binary(Binary kind, const Tensor& out, const Tensor& a, const Tensor& b) {
   dispatch(a.dtype(), [&](auto tag) {
@@ -74,7 +44,7 @@ void run_binary(Binary kind, const Tensor& out, const Tensor& a, const Tensor& b
       using Op = decltype(op);
       if constexpr (Op::comparison) binary_loop<bool, T>(out, a, b, op);
       else if constexpr (std::is_same_v<T, bool> || (Op::floating_only && !std::is_floating_point_v<T>))
-        TP_CHECK(false, "binary: this kind takes floating tensors, got {}", dtype_of<T>());  // check_binary stops these
+        TP_CHECK(false, "binary: this kind takes floating tensors, got {}", dtype_of<T>());  // the dispatcher's check_binary stops these
       else binary_loop<T, T>(out, a, b, op);
     });
   });
@@ -84,7 +54,6 @@ void run_binary(Binary kind, const Tensor& out, const Tensor& a, const Tensor& b
 
 Tensor binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
   TP_PROFILE(op);
-  check_binary(op, kind, a, b);
   Shape shape = broadcast_shapes(op, a.sizes(), b.sizes());
   Tensor out = empty(shape, is_comparison(kind) ? DType::Bool : a.dtype());
   run_binary(kind, out, a, b);
@@ -93,12 +62,6 @@ Tensor binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
 
 void binary_(const char* op, Binary kind, Tensor& a, const Tensor& b) {
   TP_PROFILE(op);
-  check_binary(op, kind, a, b);
-  TP_CHECK(!is_comparison(kind), "{}: comparisons have no in-place form", op);
-  check_writable(op, a);
-  Shape shape = broadcast_shapes(op, a.sizes(), b.sizes());
-  TP_CHECK(shape == a.sizes(), "{}: in-place result of shape {} does not fit the destination of shape {}", op, shape,
-           a.sizes());
   run_binary(kind, a, a, b);
   a.impl().storage->version++;
 }
@@ -121,18 +84,10 @@ void unary_loop(const Tensor& out, const Tensor& a, Op op) {
                    });
 }
 
-bool needs_floating(Unary kind) {
-  switch (kind) {
-    case Unary::Neg: case Unary::Abs: case Unary::Sign: case Unary::Relu: case Unary::Clamp: return false;
-    default: return true;
-  }
-}
-
 }  // namespace
 
 Tensor unary(const char* op, Unary kind, const Tensor& a, double p0, double p1) {
   TP_PROFILE(op);
-  if (kind == Unary::Clamp) TP_CHECK(p0 <= p1, "{}: min {} is greater than max {}", op, p0, p1);
   Tensor out = empty(a.sizes(), a.dtype());
   auto run = [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -140,17 +95,13 @@ Tensor unary(const char* op, Unary kind, const Tensor& a, double p0, double p1) 
       if constexpr (!decltype(op)::floating_only || std::is_floating_point_v<T>) unary_loop<T, T>(out, a, op);
     });
   };
-  if (needs_floating(kind)) dispatch_floating(a.dtype(), op, run);
+  if (unary_needs_floating(kind)) dispatch_floating(a.dtype(), op, run);
   else dispatch_numeric(a.dtype(), op, run);
   return out;
 }
 
 Tensor where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& b) {
   TP_PROFILE(op);
-  TP_CHECK(cond.dtype() == DType::Bool, "{}: condition must be a bool mask, got {} {}", op, cond.dtype(),
-           cond.sizes());
-  TP_CHECK(a.dtype() == b.dtype(), "{}: dtype mismatch: {} {} and {} {}", op, a.dtype(), a.sizes(), b.dtype(),
-           b.sizes());
   Shape shape = broadcast_shapes(op, broadcast_shapes(op, cond.sizes(), a.sizes()), b.sizes());
   Tensor out = empty(shape, a.dtype());
   dispatch(a.dtype(), [&](auto tag) {
@@ -173,10 +124,7 @@ Tensor where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& 
 
 void copy_(const Tensor& dst, const Tensor& src) {
   TP_PROFILE("copy_");
-  Shape shape = broadcast_shapes("copy_", dst.sizes(), src.sizes());
-  TP_CHECK(shape == dst.sizes(), "copy_: source of shape {} cannot be broadcast to the destination shape {}",
-           src.sizes(), dst.sizes());
-  check_writable("copy_", dst);
+  const Shape& shape = dst.sizes();  // src broadcasts to it (checked by the dispatcher)
   dispatch(dst.dtype(), [&](auto dtag) {
     using D = typename decltype(dtag)::type;
     dispatch(src.dtype(), [&](auto stag) {
@@ -210,20 +158,6 @@ void fill_(const Tensor& dst, double value) {
                      });
   });
   dst.impl().storage->version++;
-}
-
-Tensor contiguous(const Tensor& a) {
-  if (a.is_contiguous()) return a;
-  Tensor out = empty(a.sizes(), a.dtype());
-  copy_(out, a);
-  return out;
-}
-
-Tensor to_dtype(const Tensor& a, DType dtype) {
-  if (a.dtype() == dtype) return a;
-  Tensor out = empty(a.sizes(), dtype);
-  copy_(out, a);
-  return out;
 }
 
 namespace {
@@ -292,10 +226,6 @@ void randint_(const Tensor& dst, int64_t low, int64_t high, std::mt19937_64& eng
 void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                 const AdamStep& step) {
   TP_PROFILE("adam_step_");
-  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq})
-    TP_CHECK(t->is_contiguous() && t->dtype() == param.dtype() && t->sizes() == param.sizes(),
-             "adam_step_: param, grad and state must be contiguous {} {}, got {} {}", param.dtype(), param.sizes(),
-             t->dtype(), t->sizes());
   dispatch_floating(param.dtype(), "adam_step_", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* pp = param.data_ptr<T>();

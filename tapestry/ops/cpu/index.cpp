@@ -17,18 +17,6 @@ void check_index(const char* op, const Tensor& index, int64_t size, int64_t dim,
              size, shape);
 }
 
-// A tensor as [outer, n, inner] around `dim`.
-struct Split3 {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-Split3 split3(const Shape& s, int64_t dim) {
-  Split3 r;
-  r.n = s.empty() ? 1 : s[dim];
-  for (int64_t d = 0; d < dim; ++d) r.outer *= s[d];
-  for (size_t d = dim + 1; d < s.size(); ++d) r.inner *= s[d];
-  return r;
-}
-
 }  // namespace
 
 Tensor index_select(const char* op, const Tensor& a_in, int64_t dim, const Tensor& index_in) {
@@ -43,7 +31,7 @@ Tensor index_select(const char* op, const Tensor& a_in, int64_t dim, const Tenso
   Shape out_shape = a.sizes();
   if (!out_shape.empty()) out_shape[dim] = index.numel();
   Tensor out = empty(out_shape, a.dtype());
-  Split3 s = split3(a.sizes(), dim);
+  DimSplit s = split_at(a.sizes(), dim);
   const int64_t m = index.numel();
   const int64_t* pi = index.data_ptr<int64_t>();
   dispatch(a.dtype(), [&](auto tag) {
@@ -68,7 +56,7 @@ Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index_in, const 
   // bounds (one pass over the indices).
   check_index("index_add", index, shape.empty() ? 1 : shape[dim], dim, shape);
   Tensor out = zeros(shape, src.dtype());
-  Split3 s = split3(shape, dim);
+  DimSplit s = split_at(shape, dim);
   const int64_t m = index.numel();
   const int64_t* pi = index.data_ptr<int64_t>();
   dispatch_numeric(src.dtype(), "index_add", [&](auto tag) {
@@ -152,36 +140,6 @@ Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const T
         },
         INT64_MAX);
   });
-  return out;
-}
-
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  TP_PROFILE("cat");
-  TP_CHECK(!tensors.empty(), "cat: expected a non-empty list of tensors");
-  const Tensor& first = tensors[0];
-  TP_CHECK(first.dim() > 0, "cat: zero-dimensional tensors cannot be concatenated (use stack)");
-  dim = wrap_dim("cat", dim, first.dim());
-  Shape out_shape = first.sizes();
-  out_shape[dim] = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor& t = tensors[i];
-    TP_CHECK(t.dtype() == first.dtype(), "cat: tensor {} is {} but tensor 0 is {}", i, t.dtype(), first.dtype());
-    TP_CHECK(t.dim() == first.dim(), "cat: tensor {} has shape {} but tensor 0 has shape {} (dims differ)", i,
-             t.sizes(), first.sizes());
-    for (int64_t d = 0; d < t.dim(); ++d)
-      TP_CHECK(d == dim || t.size(d) == first.size(d),
-               "cat: tensor {} has shape {} but tensor 0 has shape {}; they must match except in dim {}", i,
-               t.sizes(), first.sizes(), dim);
-    out_shape[dim] += t.size(dim);
-  }
-  Tensor out = empty(out_shape, first.dtype());
-  int64_t pos = 0;
-  for (const Tensor& t : tensors) {
-    Shape s = out_shape;
-    s[dim] = t.size(dim);
-    copy_(make_tensor(out.impl().storage, s, out.strides(), pos * out.stride(dim), out.dtype()), t);
-    pos += t.size(dim);
-  }
   return out;
 }
 

@@ -11,28 +11,8 @@ namespace tapestry::kernels::cpu {
 
 namespace {
 
-struct Smoothing {
-  double gold, other;  // q on the gold class and on each other class
-  int64_t skip;        // a class that gets 0 (the padding class), or -1
-  // The total mass of q on a counted row. It is 1 unless no class is left to spread smoothing
-  // over (V = 1, or V = 2 with the padding class): then q is 1 - eps on gold alone.
-  double total;
-};
-
-Smoothing smoothing_for(double eps, int64_t V, int64_t ignore_index) {
-  bool pad_is_class = ignore_index >= 0 && ignore_index < V;
-  int64_t spread = V - 1 - (pad_is_class ? 1 : 0);
-  double other = spread > 0 ? eps / static_cast<double>(spread) : 0.0;
-  // Exactly 1 when smoothing has classes to go to (as before, bit for bit), else 1 - eps.
-  return {1.0 - eps, other, pad_is_class ? ignore_index : -1, spread > 0 ? 1.0 : 1.0 - eps};
-}
-
-void check_inputs(const Tensor& logits, const Tensor& target, double eps, int64_t ignore_index) {
-  TP_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, classes], got shape {}", logits.sizes());
-  TP_CHECK(target.dtype() == DType::Int64 && target.dim() == 1 && target.size(0) == logits.size(0),
-           "cross_entropy: target must be int64 [{}] to match logits {}, got {} {}", logits.size(0), logits.sizes(),
-           target.dtype(), target.sizes());
-  TP_CHECK(eps >= 0 && eps < 1, "cross_entropy: label smoothing must be in [0, 1), got {}", eps);
+// The target values (the dispatcher checked shapes, dtypes and eps).
+void check_targets(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
   std::vector<int64_t> t = target.to_vector<int64_t>();
   for (size_t i = 0; i < t.size(); ++i)
     TP_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < logits.size(1)),
@@ -43,7 +23,7 @@ void check_inputs(const Tensor& logits, const Tensor& target, double eps, int64_
 
 CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, double eps, int64_t ignore_index) {
   TP_PROFILE("cross_entropy");
-  check_inputs(logits_in, target_in, eps, ignore_index);
+  check_targets(logits_in, target_in, ignore_index);
   Tensor logits = contiguous(logits_in), target = contiguous(target_in);
   const int64_t N = logits.size(0), V = logits.size(1);
   Smoothing q = smoothing_for(eps, V, ignore_index);

@@ -62,16 +62,6 @@ struct StridedSpace {
   }
 };
 
-std::vector<bool> dims_mask(const char* op, const std::vector<int64_t>& dims, int64_t ndim) {
-  std::vector<bool> mask(ndim, false);
-  for (int64_t d : dims) {
-    int64_t w = wrap_dim(op, d, ndim);
-    TP_CHECK(ndim == 0 || !mask[w], "{}: dim {} appears more than once in {}", op, w, dims);
-    if (ndim > 0) mask[w] = true;
-  }
-  return mask;
-}
-
 }  // namespace
 
 Tensor sum_of_squares(const Tensor& a_in) {
@@ -263,18 +253,7 @@ std::pair<Tensor, Tensor> reduce_with_index(const char* op, Reduce kind, const T
   return {values, indices};
 }
 
-// ---- softmax over one dim of a contiguous tensor viewed as [outer, n, inner]
-namespace {
-struct RowView {
-  int64_t outer, n, inner;
-};
-RowView row_view(const Tensor& a, int64_t dim) {
-  RowView v{1, a.dim() == 0 ? 1 : a.size(dim), 1};
-  for (int64_t d = 0; d < dim; ++d) v.outer *= a.size(d);
-  for (int64_t d = dim + 1; d < a.dim(); ++d) v.inner *= a.size(d);
-  return v;
-}
-}  // namespace
+// ---- softmax over one dim of a contiguous tensor viewed as [outer, n, inner] (split_at)
 
 Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {
   TP_PROFILE(log ? "log_softmax" : "softmax");
@@ -282,7 +261,7 @@ Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {
   dim = wrap_dim(op, dim, a_in.dim());
   Tensor a = contiguous(a_in);
   Tensor out = empty(a.sizes(), a.dtype());
-  RowView rv = row_view(a, dim);
+  DimSplit rv = split_at(a.sizes(), dim);
   dispatch_floating(a.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* pa = a.data_ptr<T>();
@@ -329,7 +308,7 @@ Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bo
   dim = wrap_dim(op, dim, y_in.dim());
   Tensor y = contiguous(y_in), dy = contiguous(dy_in);
   Tensor dx = empty(y.sizes(), y.dtype());
-  RowView rv = row_view(y, dim);
+  DimSplit rv = split_at(y.sizes(), dim);
   dispatch_floating(y.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* py = y.data_ptr<T>();

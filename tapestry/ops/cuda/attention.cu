@@ -12,13 +12,14 @@
 #include <limits>
 
 #include "tapestry/ops/cuda/blas.cuh"
+#include "tapestry/ops/cuda/group_reduce.cuh"
 
 namespace tapestry::kernels::cuda {
 
 namespace {
 
 constexpr double kMasked = -1e9;
-constexpr int kRowThreads = 256;
+constexpr int kRowThreads = kThreads;  // one group of kThreads per row (group_reduce)
 
 template <class T> struct MaxOp {
   __device__ T operator()(T a, T b) const { return a > b ? a : b; }
@@ -27,19 +28,6 @@ template <class T> struct SumOp {
   __device__ T operator()(T a, T b) const { return a + b; }
 };
 
-// Reduces v over the block (blockDim.x == kRowThreads); every thread gets the result.
-template <class T, class Op>
-__device__ T block_reduce(T v, Op op) {
-  __shared__ T partial[kRowThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // partial may still be read by a previous call
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = partial[0];
-  for (int w = 1; w < kRowThreads / 32; ++w) v = op(v, partial[w]);
-  return v;
-}
 
 struct Dropout {
   bool on;
@@ -56,7 +44,7 @@ __device__ inline bool is_masked(const bool* mask_row, bool causal, int64_t quer
 template <class T>
 __global__ void softmax_rows(T* scores, T* stats, const bool* mask, int64_t rows, int64_t tq, int64_t tk, bool causal,
                              Dropout drop) {
-  // Rows beyond the grid loop; every thread of a block takes the same rows (block_reduce syncs).
+  // Rows beyond the grid loop; every thread of a block takes the same rows (group_reduce syncs).
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
   const int64_t query = row % tq;
   T* s = scores + row * tk;
@@ -67,14 +55,14 @@ __global__ void softmax_rows(T* scores, T* stats, const bool* mask, int64_t rows
     s[c] = v;
     mx = v > mx ? v : mx;
   }
-  mx = block_reduce(mx, MaxOp<T>());
+  mx = group_reduce(mx, MaxOp<T>());
   T sum = 0;
   for (int64_t c = threadIdx.x; c < tk; c += blockDim.x) {
     const T e = vexp(s[c] - mx);
     s[c] = e;
     sum += e;
   }
-  sum = block_reduce(sum, SumOp<T>());
+  sum = group_reduce(sum, SumOp<T>());
   const T inv = sum > 0 ? T(1) / sum : T(0);
   const uint32_t base = static_cast<uint32_t>(row * tk);
   for (int64_t c = threadIdx.x; c < tk; c += blockDim.x) {
@@ -99,7 +87,7 @@ __global__ void backward_rows(T* scores, T* dprobs, const T* stats, const T* out
   const int64_t query = row % tq;
   T d = 0;
   for (int64_t j = threadIdx.x; j < ev; j += blockDim.x) d += out[row * ev + j] * dout[row * ev + j];
-  d = block_reduce(d, SumOp<T>());
+  d = group_reduce(d, SumOp<T>());
   const T row_max = stats[2 * row], log_sum = stats[2 * row + 1];
   T* s = scores + row * tk;
   T* dp = dprobs + row * tk;
@@ -143,14 +131,7 @@ Prepared prepare(const char* op, const Tensor& q, const Tensor& k, const Tensor&
     Shape full = lead;
     full.push_back(P.tq);
     full.push_back(P.tk);
-    const int64_t nd = static_cast<int64_t>(full.size());
-    Shape st(full.size(), 0);
-    for (int64_t i = 1; i <= mask.dim(); ++i) {
-      const int64_t md = mask.dim() - i, fd = nd - i;
-      TP_CHECK(fd >= 0 && (mask.size(md) == full[fd] || mask.size(md) == 1),
-               "{}: the mask {} does not broadcast to the scores {}", op, mask.sizes(), full);
-      st[fd] = mask.size(md) == 1 ? 0 : mask.stride(md);
-    }
+    const Shape st = attention_mask_strides(op, mask, full);
     TP_CHECK(mask.dtype() == DType::Bool, "{}: the mask must be bool, got {}", op, mask.dtype());
     P.mask = contiguous(make_tensor(mask.impl().storage, full, st, mask.offset(), DType::Bool));
   }

@@ -77,14 +77,6 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
 // ---- strided operands
 constexpr int kMaxDims = 16;
 
-// Strides of t read as a tensor of `shape` (right-aligned broadcast: stride 0 where t has size 1).
-inline Shape broadcast_strides(const Tensor& t, const Shape& shape) {
-  Shape st(shape.size(), 0);
-  size_t off = shape.size() - t.sizes().size();
-  for (size_t i = 0; i < t.sizes().size(); ++i) st[off + i] = t.sizes()[i] == 1 ? 0 : t.strides()[i];
-  return st;
-}
-
 // Passed to kernels by value: the shape and each operand's strides (in elements).
 template <int K>
 struct StridedIndexer {

@@ -25,15 +25,6 @@ namespace {
 // True when t can be read with the output's linear index.
 bool is_plain(const Tensor& t, const Shape& shape) { return t.is_contiguous() && t.sizes() == shape; }
 
-// In-place writes into an expanded view would write one element many times (and race).
-void check_writable(const char* op, const Tensor& dst) {
-  if (dst.numel() == 0) return;  // nothing is written
-  for (int64_t d = 0; d < dst.dim(); ++d)
-    TP_CHECK(dst.stride(d) != 0 || dst.size(d) <= 1,
-             "{}: the destination of shape {} (strides {}) is an expanded view whose elements share memory; "
-             "clone() it first", op, dst.sizes(), dst.strides());
-}
-
 // ---- binary
 
 template <class R, class T, class Op>
@@ -63,17 +54,6 @@ void launch_binary(const char* op, const Tensor& out, const Tensor& a, const Ten
   TP_CUDA_LAUNCHED(op);
 }
 
-void check_binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
-  TP_CHECK(a.dtype() == b.dtype(), "{}: dtype mismatch: {} {} and {} {} (convert one with .to())", op, a.dtype(),
-           a.sizes(), b.dtype(), b.sizes());
-  if (a.dtype() == DType::Bool)
-    TP_CHECK(kind == Binary::Eq || kind == Binary::Ne, "{}: not supported for bool tensors; convert with .to() first",
-             op);
-  if (a.dtype() == DType::Int64)
-    TP_CHECK(kind != Binary::Div && kind != Binary::Pow,
-             "{}: not supported for int64 tensors (integer division); convert to float first", op);
-}
-
 // The functor of `kind` (ops/math.h) over a and b, into out.
 void run_binary(const char* op, Binary kind, const Tensor& out, const Tensor& a, const Tensor& b) {
   dispatch(a.dtype(), [&](auto tag) {
@@ -82,7 +62,7 @@ void run_binary(const char* op, Binary kind, const Tensor& out, const Tensor& a,
       using Op = decltype(fn);
       if constexpr (Op::comparison) launch_binary<bool, T>(op, out, a, b, fn);
       else if constexpr (std::is_same_v<T, bool> || (Op::floating_only && !std::is_floating_point_v<T>))
-        TP_CHECK(false, "binary: this kind takes floating tensors, got {}", dtype_of<T>());  // check_binary stops these
+        TP_CHECK(false, "binary: this kind takes floating tensors, got {}", dtype_of<T>());  // the dispatcher's check_binary stops these
       else launch_binary<T, T>(op, out, a, b, fn);
     });
   });
@@ -91,7 +71,6 @@ void run_binary(const char* op, Binary kind, const Tensor& out, const Tensor& a,
 }  // namespace
 
 Tensor binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
-  check_binary(op, kind, a, b);
   Shape shape = broadcast_shapes(op, a.sizes(), b.sizes());
   Tensor out = empty_on(shape, is_comparison(kind) ? DType::Bool : a.dtype(), a.device());
   run_binary(op, kind, out, a, b);
@@ -99,12 +78,6 @@ Tensor binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
 }
 
 void binary_(const char* op, Binary kind, Tensor& a, const Tensor& b) {
-  check_binary(op, kind, a, b);
-  TP_CHECK(!is_comparison(kind), "{}: comparisons have no in-place form", op);
-  check_writable(op, a);
-  Shape shape = broadcast_shapes(op, a.sizes(), b.sizes());
-  TP_CHECK(shape == a.sizes(), "{}: in-place result of shape {} does not fit the destination of shape {}", op, shape,
-           a.sizes());
   run_binary(op, kind, a, a, b);
   a.impl().storage->version++;
 }
@@ -138,17 +111,9 @@ void launch_unary(const char* op, const Tensor& out, const Tensor& a, Op fn) {
   TP_CUDA_LAUNCHED(op);
 }
 
-bool needs_floating(Unary kind) {
-  switch (kind) {
-    case Unary::Neg: case Unary::Abs: case Unary::Sign: case Unary::Relu: case Unary::Clamp: return false;
-    default: return true;
-  }
-}
-
 }  // namespace
 
 Tensor unary(const char* op, Unary kind, const Tensor& a, double p0, double p1) {
-  if (kind == Unary::Clamp) TP_CHECK(p0 <= p1, "{}: min {} is greater than max {}", op, p0, p1);
   Tensor out = empty_on(a.sizes(), a.dtype(), a.device());
   auto run = [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -156,7 +121,7 @@ Tensor unary(const char* op, Unary kind, const Tensor& a, double p0, double p1) 
       if constexpr (!decltype(fn)::floating_only || std::is_floating_point_v<T>) launch_unary<T>(op, out, a, fn);
     });
   };
-  if (needs_floating(kind)) dispatch_floating(a.dtype(), op, run);
+  if (unary_needs_floating(kind)) dispatch_floating(a.dtype(), op, run);
   else dispatch_numeric(a.dtype(), op, run);
   return out;
 }
@@ -182,10 +147,6 @@ __global__ void where_kernel(StridedIndexer<3> ix, bool linear, T* out, const bo
 }  // namespace
 
 Tensor where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& b) {
-  TP_CHECK(cond.dtype() == DType::Bool, "{}: condition must be a bool mask, got {} {}", op, cond.dtype(),
-           cond.sizes());
-  TP_CHECK(a.dtype() == b.dtype(), "{}: dtype mismatch: {} {} and {} {}", op, a.dtype(), a.sizes(), b.dtype(),
-           b.sizes());
   Shape shape = broadcast_shapes(op, broadcast_shapes(op, cond.sizes(), a.sizes()), b.sizes());
   Tensor out = empty_on(shape, a.dtype(), a.device());
   const int64_t n = out.numel();
@@ -238,10 +199,7 @@ __global__ void fill_kernel(StridedIndexer<1> ix, bool linear, T* dst, T value, 
 
 // Both tensors are on this device (the dispatcher stages cross-device copies).
 void copy_(const Tensor& dst, const Tensor& src) {
-  Shape shape = broadcast_shapes("copy_", dst.sizes(), src.sizes());
-  TP_CHECK(shape == dst.sizes(), "copy_: source of shape {} cannot be broadcast to the destination shape {}",
-           src.sizes(), dst.sizes());
-  check_writable("copy_", dst);
+  const Shape& shape = dst.sizes();  // src broadcasts to it (checked by the dispatcher)
   const int64_t n = dst.numel();
   if (n > 0) {
     const bool linear = is_plain(dst, shape) && is_plain(src, shape);
@@ -282,20 +240,6 @@ void fill_(const Tensor& dst, double value) {
     });
   }
   dst.impl().storage->version++;
-}
-
-Tensor contiguous(const Tensor& a) {
-  if (a.is_contiguous()) return a;
-  Tensor out = empty_on(a.sizes(), a.dtype(), a.device());
-  copy_(out, a);
-  return out;
-}
-
-Tensor to_dtype(const Tensor& a, DType dtype) {
-  if (a.dtype() == dtype) return a;
-  Tensor out = empty_on(a.sizes(), dtype, a.device());
-  copy_(out, a);
-  return out;
 }
 
 // ---- dropout
@@ -394,10 +338,6 @@ __global__ void adam_kernel(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, 
 
 void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                 const AdamStep& step) {
-  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq})
-    TP_CHECK(t->is_contiguous() && t->dtype() == param.dtype() && t->sizes() == param.sizes(),
-             "adam_step_: param, grad and state must be contiguous {} {}, got {} {}", param.dtype(), param.sizes(),
-             t->dtype(), t->sizes());
   dispatch_floating(param.dtype(), "adam_step_", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t n = param.numel();

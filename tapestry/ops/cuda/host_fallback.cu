@@ -8,42 +8,26 @@
 
 namespace tapestry::kernels::cuda {
 
-namespace {
-
-Tensor to_host(const Tensor& t) {
-  Tensor host = empty(t.sizes(), TensorOptions(t.dtype(), Device::CPU));
-  ::tapestry::kernels::copy_(host, t);  // the dispatching copy: device to host
-  return host;
-}
-
-Tensor to_device(const Tensor& host, Device device) {
-  Tensor out = empty(host.sizes(), TensorOptions(host.dtype(), device));
-  ::tapestry::kernels::copy_(out, host);
-  return out;
-}
-
-}  // namespace
-
 Tensor triangle(const char* op, const Tensor& a, int64_t diagonal, bool upper) {
-  return to_device(cpu::triangle(op, to_host(a), diagonal, upper), a.device());
+  return to_device(cpu::triangle(op, to_device(a, Device::CPU), diagonal, upper), a.device());
 }
 
 Tensor cumsum(const Tensor& a, int64_t dim, bool reverse) {
-  return to_device(cpu::cumsum(to_host(a), dim, reverse), a.device());
+  return to_device(cpu::cumsum(to_device(a, Device::CPU), dim, reverse), a.device());
 }
 
 std::pair<Tensor, Tensor> sort(const Tensor& a, int64_t dim, bool descending, bool stable) {
-  auto [values, indices] = cpu::sort(to_host(a), dim, descending, stable);
+  auto [values, indices] = cpu::sort(to_device(a, Device::CPU), dim, descending, stable);
   return {to_device(values, a.device()), to_device(indices, a.device())};
 }
 
 std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest, bool sorted) {
-  auto [values, indices] = cpu::topk(to_host(a), k, dim, largest, sorted);
+  auto [values, indices] = cpu::topk(to_device(a, Device::CPU), k, dim, largest, sorted);
   return {to_device(values, a.device()), to_device(indices, a.device())};
 }
 
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, std::mt19937_64& engine) {
-  return to_device(cpu::multinomial(to_host(probs), num_samples, replacement, engine), probs.device());
+  return to_device(cpu::multinomial(to_device(probs, Device::CPU), num_samples, replacement, engine), probs.device());
 }
 
 }  // namespace tapestry::kernels::cuda

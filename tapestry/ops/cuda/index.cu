@@ -25,18 +25,6 @@ void check_index_dtype(const char* op, const Tensor& index) {
   TP_CHECK(index.dtype() == DType::Int64, "{}: index must be int64, got {} {}", op, index.dtype(), index.sizes());
 }
 
-// A tensor as [outer, n, inner] around `dim`.
-struct Split3 {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-Split3 split3(const Shape& s, int64_t dim) {
-  Split3 r;
-  r.n = s.empty() ? 1 : s[dim];
-  for (int64_t d = 0; d < dim; ++d) r.outer *= s[d];
-  for (size_t d = dim + 1; d < s.size(); ++d) r.inner *= s[d];
-  return r;
-}
-
 // The index values as a flat list read with one stride: a 1-D index in place, any other shape
 // (0-d included) contiguous.
 struct IndexList {
@@ -170,7 +158,7 @@ Tensor index_select(const char* op, const Tensor& a, int64_t dim, const Tensor& 
   const int64_t dim_stride = a.dim() == 0 ? 0 : a_strides[dim];
   if (a.dim() > 0) a_strides[dim] = 0;
   const StridedIndexer<1> ix = make_indexer<1>(out_shape, {a_strides});
-  const int64_t inner = split3(out_shape, dim).inner;
+  const int64_t inner = split_at(out_shape, dim).inner;
   dispatch(a.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     index_select_kernel<T><<<blocks_for(n), kThreads, 0, stream()>>>(
@@ -183,7 +171,7 @@ Tensor index_select(const char* op, const Tensor& a, int64_t dim, const Tensor& 
 
 Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index_in, const Tensor& src) {
   Tensor out = zeros_on("index_add", shape, src.dtype(), src.device());
-  const Split3 s = split3(shape, dim);
+  const DimSplit s = split_at(shape, dim);
   const int64_t count = index_in.numel();
   dispatch_numeric(src.dtype(), "index_add", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -247,35 +235,6 @@ Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const T
                                                                     device_error(), op_id("scatter_add"));
     TP_CUDA_LAUNCHED("scatter_add");
   });
-  return out;
-}
-
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  TP_CHECK(!tensors.empty(), "cat: expected a non-empty list of tensors");
-  const Tensor& first = tensors[0];
-  TP_CHECK(first.dim() > 0, "cat: zero-dimensional tensors cannot be concatenated (use stack)");
-  dim = wrap_dim("cat", dim, first.dim());
-  Shape out_shape = first.sizes();
-  out_shape[dim] = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor& t = tensors[i];
-    TP_CHECK(t.dtype() == first.dtype(), "cat: tensor {} is {} but tensor 0 is {}", i, t.dtype(), first.dtype());
-    TP_CHECK(t.dim() == first.dim(), "cat: tensor {} has shape {} but tensor 0 has shape {} (dims differ)", i,
-             t.sizes(), first.sizes());
-    for (int64_t d = 0; d < t.dim(); ++d)
-      TP_CHECK(d == dim || t.size(d) == first.size(d),
-               "cat: tensor {} has shape {} but tensor 0 has shape {}; they must match except in dim {}", i,
-               t.sizes(), first.sizes(), dim);
-    out_shape[dim] += t.size(dim);
-  }
-  Tensor out = empty_on(out_shape, first.dtype(), first.device());
-  int64_t pos = 0;
-  for (const Tensor& t : tensors) {
-    Shape s = out_shape;
-    s[dim] = t.size(dim);
-    copy_(make_tensor(out.impl().storage, s, out.strides(), out.offset() + pos * out.stride(dim), out.dtype()), t);
-    pos += t.size(dim);
-  }
   return out;
 }
 

@@ -14,37 +14,11 @@
 #include <cstdint>
 #include <limits>
 
-#include "tapestry/ops/cuda/common.cuh"
+#include "tapestry/ops/cuda/group_reduce.cuh"
 
 namespace tapestry::kernels::cuda {
 
 namespace {
-
-struct Smoothing {
-  double gold, other;  // q on the gold class and on each other class
-  int64_t skip;        // a class that gets 0 (the padding class), or -1
-  // The total mass of q on a counted row. It is 1 unless no class is left to spread smoothing
-  // over (V = 1, or V = 2 with the padding class): then q is 1 - eps on gold alone.
-  double total;
-};
-
-Smoothing smoothing_for(double eps, int64_t V, int64_t ignore_index) {
-  bool pad_is_class = ignore_index >= 0 && ignore_index < V;
-  int64_t spread = V - 1 - (pad_is_class ? 1 : 0);
-  double other = spread > 0 ? eps / static_cast<double>(spread) : 0.0;
-  return {1.0 - eps, other, pad_is_class ? ignore_index : -1, spread > 0 ? 1.0 : 1.0 - eps};
-}
-
-// The CPU's shape checks; its check of the target values runs on the device here.
-void check_shapes(const Tensor& logits, const Tensor& target) {
-  TP_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, classes], got shape {}", logits.sizes());
-  TP_CHECK(target.dtype() == DType::Int64 && target.dim() == 1 && target.size(0) == logits.size(0),
-           "cross_entropy: target must be int64 [{}] to match logits {}, got {} {}", logits.size(0), logits.sizes(),
-           target.dtype(), target.sizes());
-}
-
-// ---- group reductions (the scheme of ops/cuda/reduce.cu): G = blockDim.x threads (a multiple of
-// 32) per row, blockDim.y rows per block, kThreads threads in all
 
 template <class A> struct SumOp {
   __device__ A operator()(A x, A y) const { return x + y; }
@@ -53,35 +27,6 @@ template <class A> struct SumOp {
 template <class A> struct MaxOp {
   __device__ A operator()(A x, A y) const { return op::Maximum{}(x, y); }
 };
-
-__device__ inline float shfl_xor(float v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
-__device__ inline double shfl_xor(double v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
-__device__ inline int64_t shfl_xor(int64_t v, int lane_mask) {
-  return static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(v), lane_mask));
-}
-
-// Every thread of the block must call this, the same number of times (it synchronises the block
-// when G > 32); every thread of a group gets its group's result.
-template <class A, class Op>
-__device__ A group_reduce(A v, Op combine) {
-  __shared__ A warp_results[kThreads / 32];
-  for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1) v = combine(v, shfl_xor(v, lane_mask));
-  if (blockDim.x == 32) return v;
-  const int warps = static_cast<int>(blockDim.x / 32), first_warp = static_cast<int>(threadIdx.y) * warps;
-  __syncthreads();  // the previous call's readers are done with warp_results
-  if (threadIdx.x % 32 == 0) warp_results[first_warp + threadIdx.x / 32] = v;
-  __syncthreads();
-  A acc = warp_results[first_warp];
-  for (int w = 1; w < warps; ++w) acc = combine(acc, warp_results[first_warp + w]);
-  return acc;
-}
-
-// Enough threads per row for about 8 logits each, from a warp up to a block.
-int group_size(int64_t row_len) {
-  int group = 32;
-  while (group < kThreads && group * 8 < row_len) group *= 2;
-  return group;
-}
 
 __device__ inline bool is_finite(double v) { return fabs(v) <= DBL_MAX; }  // false for inf and NaN
 
@@ -187,7 +132,6 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* ta
 }  // namespace
 
 CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, double eps, int64_t ignore_index) {
-  check_shapes(logits_in, target_in);
   TP_CHECK(eps >= 0 && eps < 1, "cross_entropy: label smoothing must be in [0, 1), got {}", eps);
   const int64_t N = logits_in.size(0), V = logits_in.size(1);
   const Device device = logits_in.device();
@@ -229,7 +173,6 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
 Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, const Tensor& lse_in, double eps,
                               int64_t ignore_index, double scale) {
   // The CPU trusts its caller here; on the GPU a mismatch would read out of bounds.
-  check_shapes(logits_in, target_in);
   const int64_t N = logits_in.size(0), V = logits_in.size(1);
   TP_CHECK(lse_in.numel() == N && lse_in.dtype() == logits_in.dtype(),
            "cross_entropy_backward: lse must be {} [{}] to match logits {}, got {} {}", logits_in.dtype(), N,

@@ -42,20 +42,6 @@ template void gemm_batched<double>(const char*, bool, bool, int64_t, int64_t, in
 
 namespace {
 
-struct MatLayout {
-  bool ok = false;
-  bool trans = false;
-  int64_t ld = 0;
-};
-
-// How gemm can read a rows x cols matrix with row stride rs and column stride cs (as the CPU).
-MatLayout gemm_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  const int64_t r1 = std::max<int64_t>(1, rows), c1 = std::max<int64_t>(1, cols);
-  if ((cs == 1 || cols == 1) && (rows == 1 || rs >= c1)) return {true, false, rows == 1 ? c1 : rs};
-  if ((rs == 1 || rows == 1) && (cols == 1 || cs >= r1)) return {true, true, cols == 1 ? r1 : cs};
-  return {};
-}
-
 // t's matrices over the broadcast batch shape: the view [batch..., rows, cols] (stride 0 on
 // broadcast dims), and the single element distance between consecutive matrices when there is
 // one (-1 otherwise).
@@ -92,15 +78,8 @@ std::pair<Tensor, int64_t> batched_view(const Tensor& t, const Shape& batch) {
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
-  TP_CHECK(a_in.dim() >= 2 && b_in.dim() >= 2, "matmul: kernel needs operands of at least 2 dims, got {} and {}",
-           a_in.sizes(), b_in.sizes());
-  TP_CHECK(a_in.dtype() == b_in.dtype(), "matmul: dtype mismatch: {} {} and {} {}", a_in.dtype(), a_in.sizes(),
-           b_in.dtype(), b_in.sizes());
+  const Shape batch = matmul_batch(a_in, b_in);
   const int64_t M = a_in.size(-2), K = a_in.size(-1), N = b_in.size(-1);
-  TP_CHECK(b_in.size(-2) == K, "matmul: shapes {} and {} cannot be multiplied (inner dims {} != {})", a_in.sizes(),
-           b_in.sizes(), K, b_in.size(-2));
-  Shape batch_a(a_in.sizes().begin(), a_in.sizes().end() - 2), batch_b(b_in.sizes().begin(), b_in.sizes().end() - 2);
-  Shape batch = broadcast_shapes("matmul", batch_a, batch_b);
   Shape out_shape = batch;
   out_shape.push_back(M);
   out_shape.push_back(N);

@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "tapestry/ops/cuda/common.cuh"
+#include "tapestry/ops/cuda/group_reduce.cuh"
 
 namespace tapestry::kernels::cuda {
 
@@ -93,39 +93,10 @@ struct Square {  // in double: a float of 1e20 squares to a finite 1e40
   }
 };
 
-// ---- group reductions: G = blockDim.x threads (a multiple of 32) per row, blockDim.y rows,
-// blockDim.x * blockDim.y = kThreads
+// ---- group reductions (group_reduce.cuh); a value with its index shuffles as its two parts
 
-__device__ inline float shfl_xor(float v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
-__device__ inline double shfl_xor(double v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
-__device__ inline int64_t shfl_xor(int64_t v, int lane_mask) {
-  return static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(v), lane_mask));
-}
 template <class T> __device__ ValIdx<T> shfl_xor(const ValIdx<T>& v, int lane_mask) {
-  return {shfl_xor(v.value, lane_mask), shfl_xor(v.index, lane_mask)};
-}
-
-// Every thread of the block must call this, the same number of times (it synchronises the block
-// when G > 32); every thread of a group gets its group's result.
-template <class A, class Op>
-__device__ A group_reduce(A v, Op combine) {
-  __shared__ A warp_results[kThreads / 32];
-  for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1) v = combine(v, shfl_xor(v, lane_mask));
-  if (blockDim.x == 32) return v;
-  const int warps = static_cast<int>(blockDim.x / 32), first_warp = static_cast<int>(threadIdx.y) * warps;
-  __syncthreads();  // the previous call's readers are done with warp_results
-  if (threadIdx.x % 32 == 0) warp_results[first_warp + threadIdx.x / 32] = v;
-  __syncthreads();
-  A acc = warp_results[first_warp];
-  for (int w = 1; w < warps; ++w) acc = combine(acc, warp_results[first_warp + w]);
-  return acc;
-}
-
-// Enough threads per row for about 8 elements each, from a warp up to a block.
-int group_size(int64_t row_len) {
-  int group = 32;
-  while (group < kThreads && group * 8 < row_len) group *= 2;
-  return group;
+  return {cuda::shfl_xor(v.value, lane_mask), cuda::shfl_xor(v.index, lane_mask)};  // the scalar overloads
 }
 
 struct RowGroups {
@@ -245,16 +216,6 @@ void reduce_as(const char* op, const Tensor& in, bool columns, int64_t n_out, in
   else reduce_rows<In, A, Out>(op, in.device(), data, result, n_out, n_red, Cast<A>{}, combine);
 }
 
-std::vector<bool> dims_mask(const char* op, const std::vector<int64_t>& dims, int64_t ndim) {
-  std::vector<bool> mask(ndim, false);
-  for (int64_t d : dims) {
-    int64_t w = wrap_dim(op, d, ndim);
-    TP_CHECK(ndim == 0 || !mask[w], "{}: dim {} appears more than once in {}", op, w, dims);
-    if (ndim > 0) mask[w] = true;
-  }
-  return mask;
-}
-
 // ---- max/min with indices
 
 template <class T, class Best>
@@ -276,18 +237,8 @@ __global__ void reduce_with_index_kernel(const T* in, T* values, int64_t* indice
 // ---- softmax over one dim of a contiguous tensor viewed as [outer, n, inner]: row r starts at
 // (r / inner) * n * inner + r % inner and steps by inner (the last dim: inner = 1, contiguous rows)
 
-struct RowView {
-  int64_t outer, n, inner;
-};
-RowView row_view(const Tensor& a, int64_t dim) {
-  RowView v{1, a.dim() == 0 ? 1 : a.size(dim), 1};
-  for (int64_t d = 0; d < dim; ++d) v.outer *= a.size(d);
-  for (int64_t d = dim + 1; d < a.dim(); ++d) v.inner *= a.size(d);
-  return v;
-}
-
 template <class T>
-__global__ void softmax_kernel(const T* x, T* y, RowView rv, bool log) {
+__global__ void softmax_kernel(const T* x, T* y, DimSplit rv, bool log) {
   const int64_t rows = rv.outer * rv.inner, s = rv.inner;
   TP_ROW_GROUPS(first, rows) {
     const int64_t row = first + threadIdx.y;
@@ -316,7 +267,7 @@ __global__ void softmax_kernel(const T* x, T* y, RowView rv, bool log) {
 }
 
 template <class T>
-__global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, RowView rv, bool log) {
+__global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, DimSplit rv, bool log) {
   const int64_t rows = rv.outer * rv.inner, s = rv.inner;
   TP_ROW_GROUPS(first, rows) {
     const int64_t row = first + threadIdx.y;
@@ -549,7 +500,7 @@ Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {
     using T = typename decltype(tag)::type;
     if (out.numel() == 0) return;
     Tensor a = contiguous(a_in);
-    const RowView rv = row_view(a, dim);
+    const DimSplit rv = split_at(a.sizes(), dim);
     const RowGroups lg = row_groups(rv.outer * rv.inner, rv.n);
     softmax_kernel<T><<<lg.grid, lg.block, 0, stream()>>>(a.data_ptr<T>(), out.data_ptr<T>(), rv, log);
     TP_CUDA_LAUNCHED(op);
@@ -568,7 +519,7 @@ Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bo
     using T = typename decltype(tag)::type;
     if (dx.numel() == 0) return;
     Tensor y = contiguous(y_in), dy = contiguous(dy_in);
-    const RowView rv = row_view(y, dim);
+    const DimSplit rv = split_at(y.sizes(), dim);
     const RowGroups lg = row_groups(rv.outer * rv.inner, rv.n);
     softmax_backward_kernel<T><<<lg.grid, lg.block, 0, stream()>>>(y.data_ptr<T>(), dy.data_ptr<T>(),
                                                                     dx.data_ptr<T>(), rv, log);

@@ -25,7 +25,7 @@ tools/setup.sh --fuzz
 
 build_dir=build-fuzz
 CC=clang CXX=clang++ cmake -S . -B "$build_dir" -DTAPESTRY_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DTAPESTRY_NATIVE=OFF -DTAPESTRY_OPENMP=OFF >/dev/null
+  -DTAPESTRY_NATIVE=OFF -DTAPESTRY_OPENMP=OFF -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" >/dev/null
 cmake --build "$build_dir" --target fuzz_all -j "$(nproc)"
 
 read -r -a targets <<<"${FUZZ_TARGETS:-fuzz_safetensors fuzz_text fuzz_config fuzz_bleu fuzz_views}"

@@ -5,6 +5,8 @@
 #      the gradient sums differs, ~1e-16 relative per step), float32 to 2e-4 (float rounding of
 #      the same sums, ~1e-7 relative, which Adam's g / sqrt(v) can magnify for gradients near
 #      zero, up to about lr = 3e-3 per step in the worst case);
+#      the same with gradient accumulation (2 batches a step) and with overlap off
+#      (TAPESTRY_ALLREDUCE_OVERLAP=0); with it on, some buckets start during the backward;
 #   2. the shards are disjoint and cover the epoch (dist_check counts every window's ranks);
 #   3. `mpirun -np 2 tapestry train --task lm` matches the 1-process run, and prints once;
 #   4. a rank killed mid-run ends the job within 60 s with a message, and the checkpoints
@@ -31,6 +33,14 @@ for dtype in float64 float32; do
 done
 "$check" compare "$work/one_float64.safetensors" "$work/two_float64.safetensors" 1e-9 || fail "float64 weights differ"
 "$check" compare "$work/one_float32.safetensors" "$work/two_float32.safetensors" 2e-4 || fail "float32 weights differ"
+echo "== 1a. GradReducer: buckets start in one order on ranks whose gradients finish in different orders"
+"${mpi[@]}" "$check" reducer || fail "GradReducer's overlapped buckets"
+echo "== 1b. the same with 2 batches per optimizer step, and with the all-reduce after the backward (no overlap)"
+"$check" train "$work/one_acc.safetensors" float64 2
+"${mpi[@]}" "$check" train "$work/two_acc.safetensors" float64 2
+"$check" compare "$work/one_acc.safetensors" "$work/two_acc.safetensors" 1e-9 || fail "float64 weights differ (accumulate 2)"
+"${mpi[@]}" -x TAPESTRY_ALLREDUCE_OVERLAP=0 "$check" train "$work/two_no_overlap.safetensors" float64
+"$check" compare "$work/one_float64.safetensors" "$work/two_no_overlap.safetensors" 1e-9 || fail "float64 weights differ (no overlap)"
 
 echo "== 3. tapestry train --task lm on 2 ranks vs 1 process"
 lm=(train --task lm --tokenizer byte --config tiny --data "$src/README.md" --val "$src/docs/benchmarks.md" --block 32

@@ -1,5 +1,6 @@
 // Data-parallel checks for tests/dist.sh, run once alone and once under `mpirun -np 2`:
-//   dist_check train OUT.safetensors [float32|float64]
+//   dist_check train OUT.safetensors [float32|float64 [ACCUMULATE]]
+//   dist_check reducer   (GradReducer's bucket order on ranks whose backwards differ)
 //     trains a tiny GPT (dropout 0) for one epoch of 6 global batches of 8 windows on a fixed
 //     token stream through the Trainer (AdamW with parameter groups, clipping), then rank 0
 //     writes the weights to OUT. Every rank also counts the windows it was given; the counts,
@@ -7,6 +8,7 @@
 //     disjoint and cover the epoch), else it fails. It prints the all-reduce time per step.
 //   dist_check compare A.safetensors B.safetensors TOLERANCE
 //     the largest absolute difference between the two weight files; fails above TOLERANCE.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -62,7 +64,7 @@ class Windows : public apps::DataSource {
   std::vector<int64_t> stream_;
 };
 
-int train(const std::string& out, const std::string& dtype) {
+int train(const std::string& out, const std::string& dtype, int64_t accumulate) {
   manual_seed(7);
   models::GPTConfig c = models::GPTConfig::named("tiny", kVocab);
   c.block_size = kBlock, c.dropout = 0.0;
@@ -73,7 +75,10 @@ int train(const std::string& out, const std::string& dtype) {
   optim::AdamW adamw({{model.decay_parameters(), std::nullopt, 0.1}, {model.no_decay_parameters(), std::nullopt, 0.0}},
                      ao);
   apps::TrainerOptions to;
-  to.progress = false, to.clip_norm = 1.0, to.seed = 3;
+  to.progress = false, to.clip_norm = 1.0, to.seed = 3, to.accumulate = accumulate;
+  // Small buckets: many of them, so that the overlapped all-reduce starts some during the backward
+  // and has to keep them in order.
+  to.first_bucket_bytes = 2048, to.bucket_bytes = 8192;
   apps::Trainer trainer(model, adamw, nullptr, to);
   Windows data(model, token_stream());
   auto result = trainer.fit(data);
@@ -85,13 +90,79 @@ int train(const std::string& out, const std::string& dtype) {
       std::fprintf(stderr, "dist_check: a window was given to %lld ranks (expected exactly 1)\n", (long long)count);
       return 1;
     }
+  if (const dist::GradReducer* r = trainer.reducer(); r && r->overlap() && r->started_early() == 0) {
+    std::fprintf(stderr, "dist_check: overlap is on, but no bucket's all-reduce started during a backward\n");
+    return 1;
+  }
   if (dist::is_main()) {
+    if (const dist::GradReducer* r = trainer.reducer())
+      std::printf("dist_check: %zu buckets, overlap %s, %lld started during a backward over %lld steps\n", r->buckets(),
+                  r->overlap() ? "on" : "off", (long long)r->started_early(), (long long)result.steps);
     model.save(out, {});
     std::printf("dist_check: %d rank(s), %lld steps, loss %.6f, %lld windows each given to one rank; all-reduce %.3f ms "
                 "per step\n",
                 dist::world_size(), (long long)result.steps, result.last_loss, (long long)data.seen.size(),
                 1e3 * trainer.allreduce_seconds() / static_cast<double>(std::max<int64_t>(result.steps, 1)));
   }
+  return 0;
+}
+
+// GradReducer alone, with a graph that differs by rank: c takes no gradient on rank 1, so there
+// its bucket, and every bucket after it, can start only in reduce(), while rank 0 starts them all
+// from the backward. The buckets must still meet in the same order: one parameter each, each of
+// its own size, so a mismatched pair would fail in MPI or not sum to the values checked.
+int reducer_check() {
+  const int rank = dist::rank(), world = dist::world_size();
+  auto param = [](int64_t n) { return zeros({n}, kFloat64).requires_grad_(); };
+  Tensor a = param(5), b = param(6), c = param(7), d = param(8);
+  // Registered before the reducer's hooks: runs before its hook on a, the last gradient finished.
+  const dist::GradReducer* seen_by = nullptr;
+  int64_t started_before_a = -1;
+  a.register_post_accumulate_grad_hook([&](const Tensor&) { started_before_a = seen_by->started_early(); });
+  dist::GradReducer reducer({a, b, c, d}, 1, 1, true);  // 1-byte buckets: one per parameter
+  seen_by = &reducer;
+  if ((world > 1 && !reducer.overlap()) || reducer.buckets() != 4) {
+    std::fprintf(stderr, "dist_check: reducer: expected 4 buckets with overlap on\n");
+    return 1;
+  }
+  // Rank r: loss = (r + 1) * ((((a.sum() * 2 + b.sum()) * 3 + c.sum()) * 4 + d.sum()), c on rank 0 only.
+  const double ranks = world * (world + 1) / 2.0;  // the sum of (r + 1) over the ranks
+  const double want_a = 24 * ranks, want_b = 12 * ranks, want_c = 4, want_d = ranks;
+  for (int step = 0; step < 2; ++step) {
+    for (Tensor* p : {&a, &b, &c, &d}) p->zero_grad();
+    started_before_a = -1;
+    reducer.prepare();
+    Tensor x = a.sum() * 2.0 + b.sum();
+    x = x * 3.0;
+    if (rank == 0) x = x + c.sum();
+    Tensor loss = (x * 4.0 + d.sum()) * static_cast<double>(rank + 1);
+    loss.backward();
+    reducer.reduce(0.5);
+    auto check = [&](const Tensor& p, double want, const char* name) {
+      for (double v : p.grad().to_vector<double>())
+        if (std::abs(v - 0.5 * want) > 1e-12) {
+          std::fprintf(stderr, "dist_check: reducer: rank %d step %d: %s's gradient is %g, expected %g\n", rank, step,
+                       name, v, 0.5 * want);
+          return false;
+        }
+      return true;
+    };
+    if (!check(a, want_a, "a") || !check(b, want_b, "b") || !check(c, want_c, "c") || !check(d, want_d, "d")) return 1;
+    // d's bucket is first and finished first: it started before the backward reached a.
+    if (world > 1 && started_before_a < 1) {
+      std::fprintf(stderr, "dist_check: reducer: rank %d: no bucket had started when a's gradient was done\n", rank);
+      return 1;
+    }
+  }
+  // Rank 0 started every bucket from the backward; rank 1 only d's (c's held back the rest).
+  const int64_t want_early = world == 1 ? 0 : rank == 0 ? 8 : 2;
+  if (reducer.started_early() != want_early) {
+    std::fprintf(stderr, "dist_check: reducer: rank %d started %lld buckets from the backward, expected %lld\n", rank,
+                 (long long)reducer.started_early(), (long long)want_early);
+    return 1;
+  }
+  std::printf("dist_check: reducer: %d rank(s), buckets in one order across ranks whose gradients finish differently\n",
+              world);
   return 0;
 }
 
@@ -123,9 +194,10 @@ int main(int argc, char** argv) {
   int rc = 2;
   try {
     const std::string mode = argc > 1 ? argv[1] : "";
-    if (mode == "train" && argc >= 3) rc = train(argv[2], argc >= 4 ? argv[3] : "float64");
+    if (mode == "train" && argc >= 3) rc = train(argv[2], argc >= 4 ? argv[3] : "float64", argc >= 5 ? std::atoll(argv[4]) : 1);
+    else if (mode == "reducer") rc = reducer_check();
     else if (mode == "compare" && argc == 5) rc = compare(argv[2], argv[3], std::atof(argv[4]));
-    else std::fprintf(stderr, "usage: dist_check train OUT [float32|float64] | compare A B TOLERANCE\n");
+    else std::fprintf(stderr, "usage: dist_check train OUT [float32|float64 [ACCUMULATE]] | reducer | compare A B TOLERANCE\n");
   } catch (const Error& e) {
     std::fprintf(stderr, "dist_check (rank %d): %s\n", dist::rank(), e.what());
     if (dist::world_size() > 1) dist::abort(1);

@@ -19,6 +19,46 @@ TEST_CASE("backward computes and accumulates gradients into leaves") {
   CHECK_FALSE(x.grad().defined());
 }
 
+TEST_CASE("post-accumulate-grad hooks: once per backward, with the finished gradient; removable") {
+  Tensor x = tensor({1.0, 2.0}).requires_grad_();
+  Tensor w = tensor({3.0}).requires_grad_();
+  std::vector<std::vector<double>> seen;
+  std::vector<std::string> order;
+  HookHandle hx = x.register_post_accumulate_grad_hook([&](const Tensor& leaf) {
+    CHECK_FALSE(GradMode::is_enabled());
+    seen.push_back(leaf.grad().to_vector<double>());
+    order.push_back("x");
+  });
+  w.register_post_accumulate_grad_hook([&](const Tensor&) { order.push_back("w"); });
+  // x is used three times: its hook runs once, after all three contributions are summed.
+  Tensor y = sum(x * x) + sum(x * 3.0) * w + sum(x);
+  y.backward();
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0] == std::vector<double>{2 + 9 + 1, 4 + 9 + 1});
+  CHECK(order.size() == 2);
+  sum(x * 2.0).backward();  // accumulates: the hook sees the sum over both backwards
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[1] == std::vector<double>{14, 16});
+  CHECK(order.size() == 3);  // w took no gradient this time: its hook did not run
+  hx.remove();
+  hx.remove();  // a second remove does nothing
+  sum(x).backward();
+  CHECK(seen.size() == 2);
+  // Only leaves that require grad take one.
+  Tensor plain = tensor({1.0});
+  CHECK(error_of([&] { plain.register_post_accumulate_grad_hook([](const Tensor&) {}); })
+            .find("is not a leaf that requires grad") != std::string::npos);
+  Tensor inner = x * 2.0;
+  CHECK_THROWS_AS(inner.register_post_accumulate_grad_hook([](const Tensor&) {}), Error);
+  // A handle outliving its tensor removes nothing, and does not crash.
+  HookHandle orphan;
+  {
+    Tensor t = tensor({1.0}).requires_grad_();
+    orphan = t.register_post_accumulate_grad_hook([](const Tensor&) {});
+  }
+  orphan.remove();
+}
+
 TEST_CASE("a shared subexpression sums its gradients (diamond graph)") {
   Tensor x = tensor({2.0}).requires_grad_();
   Tensor a = x * x;            // 4

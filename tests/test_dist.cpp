@@ -2,6 +2,8 @@
 // nobody started mpirun) and the sharding rule. tests/dist.sh runs 2 real ranks.
 #include "apps/train/trainer.h"
 #include "tapestry/dist/dist.h"
+#include <cstdlib>
+
 #include "tests/helpers.h"
 
 using namespace tapestry;
@@ -45,6 +47,23 @@ TEST_CASE("dist::GradReducer: buckets in reverse parameter order, sizes capped; 
   check_values(a.grad().slice(0, 0, 2), {1.0, 1.0});
   check_values(b.grad().reshape({-1}).slice(0, 0, 2), {1.5, 1.5});
   CHECK_FALSE(c.grad().defined());  // on one rank nothing is created
+  // One rank never overlaps (there is nothing to send): prepare() is a no-op and no hook is set.
+  dist::GradReducer overlapped({a, b, c}, 4000, 1600, true);
+  CHECK_FALSE(overlapped.overlap());
+  overlapped.prepare();
+  a.sum().backward();
+  CHECK(overlapped.started_early() == 0);
+}
+
+TEST_CASE("dist::GradReducer: TAPESTRY_ALLREDUCE_OVERLAP is 0 or 1") {
+  ::unsetenv("TAPESTRY_ALLREDUCE_OVERLAP");
+  CHECK(dist::GradReducer::overlap_from_environment());
+  ::setenv("TAPESTRY_ALLREDUCE_OVERLAP", "0", 1);
+  CHECK_FALSE(dist::GradReducer::overlap_from_environment());
+  ::setenv("TAPESTRY_ALLREDUCE_OVERLAP", "yes", 1);
+  CHECK(error_of([] { dist::GradReducer::overlap_from_environment(); }).find("must be 0 or 1, got 'yes'") !=
+        std::string::npos);
+  ::unsetenv("TAPESTRY_ALLREDUCE_OVERLAP");
 }
 
 TEST_CASE("apps::shard_of: strided shards, disjoint and together complete") {

@@ -1,6 +1,7 @@
 // `tapestry train --task copy|multi30k|lm`: the flags of each task, and the Trainer's, bound to
 // the task's options. Flags several tasks take (warmup, seed, data, out, epochs, ...) are applied
 // to the chosen task only when given, so each task keeps its own defaults.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -95,6 +96,10 @@ int run_lm(TrainFlags& f) {
 
 int run_train(TrainFlags& f) {
   if (f.threads > 0) set_num_threads(static_cast<int>(f.threads));
+  // N ranks given `--device cuda`: each takes a GPU of its host, its local rank modulo their number
+  // (torchrun's LOCAL_RANK convention). NCCL refuses two ranks on one GPU, with a message naming them.
+  if (f.device == "cuda" && dist::world_size() > 1)
+    f.device = fmt::format("cuda:{}", dist::local_rank() % std::max(1, cuda::device_count()));
   // A flag of another task would be ignored silently: refuse it.
   std::vector<const CLI::Option_group*> wrong;
   if (f.task != "copy") wrong.push_back(f.copy_group);

@@ -151,8 +151,14 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
   // summed gradient is that of the group's mean token loss, as one batch of the group's size
   // would give. N ranks: each rank's loss summed over its tokens; the gradients are then summed
   // over the ranks and divided by the tokens of the whole group (the global mean token loss).
-  for (const TrainBatch& b : group) {
+  // N ranks: the backward of the group's last batch starts the gradients' all-reduce (overlap).
+  if (parallel && !reducer_) reducer_ = std::make_unique<dist::GradReducer>(model_.parameters(), o_.bucket_bytes, o_.first_bucket_bytes);
+  size_t last = group.size();
+  while (last > 0 && group[last - 1].tokens == 0) --last;
+  for (size_t i = 0; i < group.size(); ++i) {
+    const TrainBatch& b = group[i];
     if (parallel && b.tokens == 0) continue;  // an empty shard: this rank adds zeros
+    if (parallel && i + 1 == last) reducer_->prepare();
     Tensor loss = b.loss();
     loss_sum += loss.item<double>() * static_cast<double>(b.tokens);
     const double weight = parallel ? static_cast<double>(b.tokens)
@@ -170,7 +176,6 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
     auto tv = totals.to_vector<double>();
     r.tokens = static_cast<int64_t>(tv[0]), loss_sum = tv[1], r.stop_signal = tv[2] > 0, r.out_of_time = tv[3] > 0;
     TP_CHECK(r.tokens > 0, "train: step {} has no tokens on any of the {} ranks", step_, dist::world_size());
-    if (!reducer_) reducer_ = std::make_unique<dist::GradReducer>(model_.parameters());
     reducer_->reduce(1.0 / static_cast<double>(r.tokens));
   }
   r.loss = loss_sum / static_cast<double>(r.tokens);
@@ -192,7 +197,7 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
   return r;
 }
 
-double Trainer::allreduce_seconds() const { return reducer_ ? reducer_->seconds() : 0.0; }
+double Trainer::allreduce_seconds() const { return reducer_ ? reducer_->seconds() + reducer_->hook_seconds() : 0.0; }
 
 void Trainer::log_step(int64_t epoch, const StepResult& r) {
   if (o_.step_log.empty() || !dist::is_main()) return;
@@ -483,10 +488,15 @@ FitResult Trainer::fit(DataSource& data) {
   }
   result.steps = step_;
   if (world > 1 && reducer_ && step_ > start_step) {
-    const double per_step = allreduce_seconds() / static_cast<double>(step_ - start_step);
-    std::printf("dist: %d ranks; each step all-reduces %.1f MiB of gradients in %zu bucket(s): %.2f ms per step, "
-                "%.1f%% of the training time\n",
-                world, static_cast<double>(reducer_->bytes()) / (1 << 20), reducer_->buckets(), 1e3 * per_step,
+    const double steps = static_cast<double>(step_ - start_step);
+    const double per_step = allreduce_seconds() / steps;
+    std::printf("dist: %d ranks; each step all-reduces %.1f MiB of gradients in %zu bucket(s), %s: %.2f ms per step "
+                "(%.2f ms waiting after the backward, %.2f ms in its hooks), %.1f%% of the training time\n",
+                world, static_cast<double>(reducer_->bytes()) / (1 << 20), reducer_->buckets(),
+                reducer_->overlap() ? fmt::format("{:.1f} per step started during the backward",
+                                                  static_cast<double>(reducer_->started_early()) / steps).c_str()
+                                    : fmt::format("after the backward ({})", reducer_->overlap_note()).c_str(),
+                1e3 * per_step, 1e3 * reducer_->seconds() / steps, 1e3 * reducer_->hook_seconds() / steps,
                 100 * allreduce_seconds() / std::max(1e-9, train_seconds));
   }
   if (saving && main_rank && !result.finished_early) average_epochs(result);

@@ -102,6 +102,9 @@ struct TrainerOptions {
   // refused unless reshard (the global batches stay the same; the dropout masks do not).
   uint64_t seed = 0;
   bool reshard = false;
+  // Gradient buckets (dist::GradReducer): as PyTorch DDP's bucket_cap_mb, first bucket small so
+  // that its all-reduce starts early in the backward.
+  size_t bucket_bytes = size_t(25) << 20, first_bucket_bytes = size_t(1) << 20;
 };
 
 struct EpochRecord {
@@ -155,7 +158,8 @@ class Trainer {
   // ranks before the clip, so every rank takes the same step.
   StepResult step(const std::vector<TrainBatch>& group);
   // Seconds spent summing gradients over the ranks so far (0 on one process).
-  double allreduce_seconds() const;
+  double allreduce_seconds() const;  // the gradients' all-reduce, all steps: waiting after the backward and its hooks
+  const dist::GradReducer* reducer() const { return reducer_.get(); }  // null on one rank or before the first step
   int64_t steps_taken() const { return step_; }
 
  private:

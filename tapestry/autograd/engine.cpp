@@ -210,6 +210,12 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
         Tensor acc(leaf.grad);
         kernels::binary_("AccumulateGrad", kernels::Binary::Add, acc, gl);
       }
+      if (!leaf.post_accumulate_grad_hooks.empty()) {
+        const Tensor leaf_tensor(node->leaf);
+        // A copy: a hook may remove itself (or another) while we walk them.
+        auto hooks = leaf.post_accumulate_grad_hooks;
+        for (auto& [id, hook] : hooks) hook(leaf_tensor);
+      }
       continue;
     }
     TP_CHECK(!node->released,

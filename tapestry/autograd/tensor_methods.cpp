@@ -21,6 +21,28 @@ std::string Tensor::grad_fn_name() const { return grad_fn() ? grad_fn()->name : 
 
 void Tensor::backward(const Tensor& grad, bool retain_graph) const { run_backward(*this, grad, retain_graph); }
 
+HookHandle Tensor::register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook) const {
+  TP_CHECK(requires_grad() && is_leaf(),
+           "register_post_accumulate_grad_hook: the tensor of shape {} is not a leaf that requires grad", sizes());
+  TP_CHECK(static_cast<bool>(hook), "register_post_accumulate_grad_hook: empty hook");
+  static int64_t next_id = 0;
+  auto& hooks = impl().post_accumulate_grad_hooks;
+  hooks.emplace_back(next_id, std::move(hook));
+  return HookHandle(impl_ptr(), next_id++);
+}
+
+void HookHandle::remove() {
+  if (auto owner = owner_.lock()) {
+    auto& hooks = owner->post_accumulate_grad_hooks;
+    for (auto it = hooks.begin(); it != hooks.end(); ++it)
+      if (it->first == id_) {
+        hooks.erase(it);
+        break;
+      }
+  }
+  owner_.reset();
+}
+
 Tensor Tensor::detach() const {
   const TensorImpl& i = impl();
   return make_tensor(i.storage, i.shape, i.strides, i.offset, i.dtype);

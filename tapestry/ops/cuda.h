@@ -42,6 +42,9 @@ void release(void* ptr, size_t nbytes, Device device) noexcept;
 // Copies nbytes between two contiguous buffers on any devices, synchronously for the host side.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
 void set_device(Device device);
+// The device's one stream (a cudaStream_t, Note [One stream] in ops/cuda/runtime.cu), for a library
+// that enqueues work in order with tapestry's kernels: dist's NCCL all-reduce.
+void* stream(Device device);
 }  // namespace detail
 
 }  // namespace tapestry::cuda

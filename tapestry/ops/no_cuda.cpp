@@ -35,6 +35,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   if (nbytes > 0) std::memcpy(dst, src, nbytes);
 }
 void set_device(Device device) { not_built("set_device", device); }
+void* stream(Device device) { not_built("stream", device); }
 }  // namespace detail
 
 }  // namespace tapestry::cuda

@@ -4,6 +4,7 @@
 // the autograd tape; the raw kernels they call live in ops/kernels.h and know nothing of grads.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <ostream>
@@ -17,6 +18,8 @@
 namespace tapestry {
 
 struct Node;  // autograd/node.h: one recorded op on the tape
+class Tensor;
+class HookHandle;
 
 // Note [Version counter]: every in-place write bumps the storage's version. A tensor saved for
 // backward remembers the version it had; backward() compares and refuses stale data.
@@ -44,6 +47,9 @@ struct TensorImpl {
   std::shared_ptr<Node> grad_fn;              // the op that made this tensor (non-leaves only)
   std::shared_ptr<TensorImpl> grad;           // accumulated gradient (leaves)
   std::weak_ptr<Node> grad_accumulator;       // the leaf's AccumulateGrad node, shared by all uses
+  // Leaves: called, in registration order, each time a backward has accumulated into grad (by id,
+  // so that a HookHandle can remove one).
+  std::vector<std::pair<int64_t, std::function<void(const Tensor&)>>> post_accumulate_grad_hooks;
 };
 
 struct TensorOptions {
@@ -101,6 +107,11 @@ class Tensor {
   std::string grad_fn_name() const;
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
   Tensor detach() const;  // same storage, no history
+  // As PyTorch's: `hook(leaf)` runs once per backward, right after that backward has added this
+  // leaf's gradient into leaf.grad() (so grad() is final for that backward), while the backward
+  // goes on with the rest of the graph. Data parallelism starts a bucket's all-reduce from it.
+  // Leaves that require grad only; the hook runs with grad mode off. Keep the handle to remove it.
+  HookHandle register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook) const;
 
   // ---- views (no copy) and copies; all differentiable
   Tensor view(const Shape& shape) const;
@@ -164,6 +175,19 @@ class Tensor {
 
  private:
   std::shared_ptr<TensorImpl> impl_;
+};
+
+// What Tensor::register_post_accumulate_grad_hook returns: remove() unregisters the hook (a second
+// remove(), or one after the tensor is gone, does nothing). Dropping the handle keeps the hook.
+class HookHandle {
+ public:
+  HookHandle() = default;
+  HookHandle(std::weak_ptr<TensorImpl> owner, int64_t id) : owner_(std::move(owner)), id_(id) {}
+  void remove();
+
+ private:
+  std::weak_ptr<TensorImpl> owner_;
+  int64_t id_ = -1;
 };
 
 // Builds a tensor header over existing storage (used by views and kernels).

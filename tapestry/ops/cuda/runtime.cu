@@ -213,6 +213,11 @@ void set_device(Device device) {
   kernels::cuda::current_device = device.index;
 }
 
+void* stream(Device device) {
+  set_device(device);
+  return state_of(device.index).stream;
+}
+
 void* allocate(size_t nbytes, Device device) {
   set_device(device);
   DeviceState& s = state_of(device.index);

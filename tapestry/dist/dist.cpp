@@ -117,6 +117,14 @@ ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : op == 
 cudaStream_t stream_of(const Tensor& t) { return static_cast<cudaStream_t>(cuda::detail::stream(t.device())); }
 #endif
 
+// A GPU tensor where no NCCL was built: the collective runs on a host copy, copied back (copy_
+// marks t as written).
+template <class Collective> void through_host(Tensor& t, Collective collective) {
+  Tensor host = kernels::to_device(t, Device::CPU);
+  collective(host);
+  kernels::copy_(t, host);
+}
+
 void check_tensor(const Tensor& t, const char* what) {
   TP_CHECK(t.defined(), "dist: {}: undefined tensor", what);
   TP_CHECK(t.is_contiguous(), "dist: {}: the tensor of shape {} must be contiguous", what, t.sizes());
@@ -198,19 +206,16 @@ int local_rank() { return g_local_rank; }
 void allreduce_(Tensor& t, ReduceOp op) {
   check_tensor(t, "allreduce_");
   if (g_world == 1 || t.numel() == 0) return;
-  if (t.device().is_cuda()) {
 #ifdef TAPESTRY_WITH_NCCL
+  if (t.device().is_cuda()) {
     check_nccl(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype(), "allreduce_"),
                              nccl_op(op), nccl_comm(t.device()), stream_of(t)),
                "ncclAllReduce");
-#else
-    Tensor host = kernels::to_device(t, Device::CPU);
-    allreduce_(host, op);
-    kernels::copy_(t, host);
-#endif
     t.impl().storage->version++;
     return;
   }
+#endif
+  if (t.device().is_cuda()) return through_host(t, [op](Tensor& host) { allreduce_(host, op); });
 #ifdef TAPESTRY_WITH_MPI
   TP_CHECK(t.numel() <= INT32_MAX, "dist: allreduce_: {} elements is more than one MPI call takes", t.numel());
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, t.raw_data(), static_cast<int>(t.numel()), mpi_type(t.dtype(), "allreduce_"),
@@ -238,19 +243,16 @@ void broadcast_(Tensor& t, int root) {
   check_tensor(t, "broadcast_");
   TP_CHECK(root >= 0 && root < g_world, "dist: broadcast_: root {} is not a rank of {}", root, g_world);
   if (g_world == 1 || t.numel() == 0) return;
-  if (t.device().is_cuda()) {
 #ifdef TAPESTRY_WITH_NCCL
+  if (t.device().is_cuda()) {
     check_nccl(ncclBroadcast(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype(), "broadcast_"),
                              root, nccl_comm(t.device()), stream_of(t)),
                "ncclBroadcast");
-#else
-    Tensor host = kernels::to_device(t, Device::CPU);
-    broadcast_(host, root);
-    kernels::copy_(t, host);
-#endif
     t.impl().storage->version++;
     return;
   }
+#endif
+  if (t.device().is_cuda()) return through_host(t, [root](Tensor& host) { broadcast_(host, root); });
 #ifdef TAPESTRY_WITH_MPI
   TP_CHECK(t.numel() <= INT32_MAX, "dist: broadcast_: {} elements is more than one MPI call takes", t.numel());
   check_mpi(MPI_Bcast(t.raw_data(), static_cast<int>(t.numel()), mpi_type(t.dtype(), "broadcast_"), root,
@@ -290,10 +292,8 @@ struct GradReducer::Impl {
     std::vector<size_t> params;  // indices into params
     int64_t numel = 0;
     DType dtype = DType::Float32;
-    Tensor flat;     // the packed gradients, on the parameters' device
-    Tensor staging;  // a host copy for MPI when flat is on a GPU
+    Tensor flat;       // the packed gradients, on the parameters' device
     size_t ready = 0;  // parameters whose gradient the armed backward has finished
-    bool started = false;
 #ifdef TAPESTRY_WITH_MPI
     MPI_Request request = MPI_REQUEST_NULL;
 #endif
@@ -303,7 +303,8 @@ struct GradReducer::Impl {
   std::vector<size_t> bucket_of;     // parameter index -> its bucket
   std::vector<char> param_ready;
   std::vector<HookHandle> hooks;
-  size_t next_start = 0;  // buckets start in index order, the same on every rank
+  size_t next_start = 0;  // buckets start in index order, the same on every rank; [0, next_start) have
+                          // started and are not yet finished by reduce()
   size_t next_poll = 0;   // the oldest bucket whose all-reduce may still be running
   bool overlap = false, armed = false;
   std::string overlap_note;  // why overlap is off, when it is
@@ -330,19 +331,14 @@ struct GradReducer::Impl {
 
   void start(Bucket& b) {
     pack(b);
-    b.started = true;
-#ifdef TAPESTRY_WITH_NCCL
-    if (b.flat.device().is_cuda()) {  // enqueued on the stream: the unpack after it waits by stream order
-      allreduce_(b.flat, ReduceOp::Sum);
-      return;  // the request stays MPI_REQUEST_NULL: MPI_Test and MPI_Wait return at once
-    }
-#endif
+    // GPU buckets never overlap (see the constructor): allreduce_ takes them at once, through NCCL
+    // on the stream or a host copy. The request stays MPI_REQUEST_NULL: MPI_Test and MPI_Wait
+    // return at once.
+    if (b.flat.device().is_cuda()) return allreduce_(b.flat, ReduceOp::Sum);
 #ifdef TAPESTRY_WITH_MPI
-    Tensor& buffer = b.flat.device() == Device::CPU ? b.flat : (b.staging = kernels::to_device(b.flat, Device::CPU));
-    TP_CHECK(buffer.numel() <= INT32_MAX, "dist: GradReducer: a bucket of {} elements is more than one MPI call takes",
-             buffer.numel());
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buffer.raw_data(), static_cast<int>(buffer.numel()),
-                             mpi_type(buffer.dtype(), "GradReducer"), MPI_SUM, comm, &b.request),
+    TP_CHECK(b.numel <= INT32_MAX, "dist: GradReducer: a bucket of {} elements is more than one MPI call takes", b.numel);
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, b.flat.raw_data(), static_cast<int>(b.numel),
+                             mpi_type(b.dtype, "GradReducer"), MPI_SUM, comm, &b.request),
               "MPI_Iallreduce");
 #endif
   }
@@ -370,9 +366,7 @@ struct GradReducer::Impl {
   void finish(Bucket& b, double scale) {
 #ifdef TAPESTRY_WITH_MPI
     check_mpi(MPI_Wait(&b.request, MPI_STATUS_IGNORE), "MPI_Wait");
-    if (b.staging.defined()) kernels::copy_(b.flat, b.staging);
 #endif
-    b.flat.impl().storage->version++;
     if (scale != 1.0) b.flat.mul_(scale);
     int64_t off = 0;
     for (size_t k : b.params) {  // unpack
@@ -383,8 +377,6 @@ struct GradReducer::Impl {
       kernels::copy_(g, slot);
       off += p.numel();
     }
-    b.started = false;
-    b.ready = 0;
   }
 
   void on_gradient(size_t k) {
@@ -460,8 +452,8 @@ GradReducer::~GradReducer() {
   // Unwinding an error, the other ranks may never start the same buckets: waiting here would hang
   // this rank before main() can end the job (dist::abort). Leave them; the job is ending.
   if (impl_->comm != MPI_COMM_NULL && !finalized && std::uncaught_exceptions() == 0) {
-    for (auto& b : impl_->buckets)  // a step abandoned by an exception
-      if (b.started) MPI_Wait(&b.request, MPI_STATUS_IGNORE);
+    for (size_t i = 0; i < impl_->next_start; ++i)  // a step abandoned by an exception
+      MPI_Wait(&impl_->buckets[i].request, MPI_STATUS_IGNORE);
     MPI_Comm_free(&impl_->comm);
   }
 #endif
@@ -493,8 +485,7 @@ void GradReducer::reduce(double scale) {
   m.armed = false;
   while (m.next_start < m.buckets.size()) m.start(m.buckets[m.next_start++]);
   for (auto& b : m.buckets) m.finish(b, scale);
-  m.next_start = m.next_poll = 0;
-  std::fill(m.param_ready.begin(), m.param_ready.end(), 0);
+  m.next_start = m.next_poll = 0;  // prepare() clears the ready counts
   m.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

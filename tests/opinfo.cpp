@@ -1037,6 +1037,78 @@ std::vector<OpInfo> build_table() {
   entry("chunk_4_dim-1", "a.chunk(4, -1)", [](X x) { return chunk(x[0], 4, -1); }, {true}, {split_samples(-1, 4)});
   entry("chunk_0", "torch.chunk(a, 0)", [](X x) { return chunk(x[0], 0); }, {true}, {split_samples(0, -1)});
 
+  // ---- scaled_dot_product_attention (inputs q, k, v and, where named, the mask d). The
+  // reference is the composite tapestry defines it as (sdpa_ref in the reference script):
+  // softmax(scale q k^T with masked scores set to -1e9) v, so a fully masked row attends evenly.
+  // The samples cross the CPU kernel's 64-row and 128-key blocks, and hold inf and NaN.
+  auto sdpa_samples = [](bool with_mask) {
+    return SampleFn([with_mask](Generator& g) {
+      // q [lead..., tq, e], k [lead..., tk, e], v [lead..., tk, ev], and a mask when asked for.
+      auto qkv = [&g, with_mask](const Shape& lead, int64_t tq, int64_t tk, int64_t e, int64_t ev, Shape mask_shape,
+                                 DType dt = kFloat64) {
+        auto with = [&lead](std::vector<int64_t> tail) {
+          Shape s = lead;
+          s.insert(s.end(), tail.begin(), tail.end());
+          return s;
+        };
+        TensorList in = {draw(g, with({tq, e}), Dom::Real, dt), draw(g, with({tk, e}), Dom::Real, dt),
+                         draw(g, with({tk, ev}), Dom::Real, dt)};
+        if (with_mask) in.push_back(mask(g, mask_shape));
+        return in;
+      };
+      std::vector<Sample> s = {
+          ok("[2, 3, 4] x 5 keys, ev 3", qkv({2}, 3, 5, 4, 3, {3, 5})),
+          ok("[2, 2, 3, 4] heads, padding mask [2, 1, 1, 5]", qkv({2, 2}, 3, 5, 4, 4, {2, 1, 1, 5})),
+          ok("[4, 4] without leading dims", qkv({}, 4, 4, 4, 2, {4, 4})),
+          ok("one query, one key", qkv({1}, 1, 1, 3, 3, {1, 1})),
+          ok("float32", qkv({2, 2}, 5, 6, 8, 8, {2, 1, 5, 6}, kFloat32)),
+          nog("70 queries x 130 keys (more than one kernel block)", qkv({1}, 70, 130, 3, 2, {70, 130}),
+              "large: the smaller samples gradcheck the same code"),
+          ok("empty: no queries", qkv({2}, 0, 4, 3, 3, {0, 4})),
+          ok("empty: no keys", qkv({2}, 3, 0, 3, 3, {3, 0})),
+          ok("empty: no batch", qkv({0}, 3, 4, 3, 3, {3, 4})),
+          ok("no features (e = 0)", qkv({2}, 3, 4, 0, 3, {3, 4})),
+      };
+      {  // the heads of a projection: [B, T, H, E] viewed as [B, H, T, E]; v expanded over its keys
+        Tensor q = draw(g, {2, 3, 2, 4}).transpose(1, 2), k = transposed(draw(g, {2, 2, 5, 4}));
+        Tensor v = expanded(draw(g, {2, 2, 1, 3}), {2, 2, 5, 3});
+        TensorList in = {q, k, strided(v.contiguous())};
+        if (with_mask) in.push_back(transposed(mask(g, {2, 1, 3, 5})));
+        s.push_back(ok("permuted q, transposed k, strided v, transposed mask", in));
+        TensorList ex = {draw(g, {2, 3, 4}), expanded(draw(g, {2, 1, 4}), {2, 5, 4}), v.select(1, 0)};
+        if (with_mask) ex.push_back(mask(g, {5}));
+        s.push_back(ok("k and v expanded over their keys", ex));
+      }
+      {  // a query whose every key is masked (with a mask), inf and NaN in the inputs
+        TensorList in = qkv({1}, 3, 4, 2, 2, {3, 4});
+        if (with_mask) in[3] = b8({1, 1, 1, 1, 0, 1, 0, 1, 0, 0, 1, 0}, {3, 4});
+        s.push_back(ok("every key of query 0 masked", in));
+        TensorList bad = qkv({1}, 3, 4, 2, 2, {3, 4});
+        bad[0] = f64({0.5, -1.0, kNaN, 1.0, 2.0, 0.25}, {1, 3, 2});
+        bad[2] = f64({1.0, kInf, 0.5, 2.0, -1.0, 0.0, 3.0, 1.0}, {1, 4, 2});
+        s.push_back(nog("NaN in q, inf in v", bad, "non-finite inputs"));
+      }
+      s.push_back(err("q and k with different features", {draw(g, {2, 3, 4}), draw(g, {2, 5, 3}), draw(g, {2, 5, 3})}));
+      s.push_back(err("k and v with different keys", {draw(g, {2, 3, 4}), draw(g, {2, 5, 4}), draw(g, {2, 6, 4})}));
+      if (with_mask) {
+        s.push_back(err("mask [4] for 5 keys", {draw(g, {2, 3, 4}), draw(g, {2, 5, 4}), draw(g, {2, 5, 4}), mask(g, {4})}));
+        s.push_back(err("a float mask", {draw(g, {2, 3, 4}), draw(g, {2, 5, 4}), draw(g, {2, 5, 4}), draw(g, {3, 5})}));
+      }
+      return s;
+    });
+  };
+  entry("sdpa", "sdpa_ref(a, b, c)", one([](X x) { return scaled_dot_product_attention(x[0], x[1], x[2]); }),
+        {true, true, true}, {sdpa_samples(false)});
+  entry("sdpa_mask", "sdpa_ref(a, b, c, d)",
+        one([](X x) { return scaled_dot_product_attention(x[0], x[1], x[2], x[3]); }), {true, true, true, false},
+        {sdpa_samples(true)});
+  entry("sdpa_causal", "sdpa_ref(a, b, c, is_causal=True)",
+        one([](X x) { return scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), true); }), {true, true, true},
+        {sdpa_samples(false)});
+  entry("sdpa_causal_mask_scale", "sdpa_ref(a, b, c, d, is_causal=True, scale=0.3)",
+        one([](X x) { return scaled_dot_product_attention(x[0], x[1], x[2], x[3], true, 0.0, 0.3); }),
+        {true, true, true, false}, {sdpa_samples(true)});
+
   // ---- cross_entropy. paper_ce (defined in the reference) is the label smoothing tapestry
   // implements: 1 - eps on the gold class, eps spread over the others except ignore_index.
   auto ce_samples = [](std::vector<int64_t> special_targets) {

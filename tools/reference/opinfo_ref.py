@@ -69,6 +69,25 @@ def documented_reason(op, sample, problem):
     return None
 
 
+def sdpa_ref(q, k, v, mask=None, is_causal=False, scale=None):
+    """tapestry's scaled_dot_product_attention (autograd/functions.h) as its composite: masked
+    scores (by the bool mask, true = masked out, or by causality, key j > query i) become -1e9
+    rather than -inf, so a fully masked row attends evenly instead of giving NaN. PyTorch 1.13
+    has no F.scaled_dot_product_attention; 2.x's uses -inf."""
+    if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim() or k.shape[:-2] != q.shape[:-2] \
+            or v.shape[:-2] != q.shape[:-2] or k.size(-2) != v.size(-2):
+        raise ValueError(f"sdpa_ref: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)} do not fit")
+    if scale is None:
+        scale = 1.0 / math.sqrt(max(q.size(-1), 1))
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(mask, -1e9)
+    if is_causal:
+        future = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(future, -1e9)
+    return torch.softmax(scores, -1) @ v
+
+
 def paper_ce(logits, target, eps=0.0, ignore_index=-100, reduction="mean"):
     """tapestry's cross_entropy (ops/cpu/loss.cpp): label smoothing as the Transformer paper uses it.
 
@@ -161,7 +180,7 @@ def check_case(c, tensors):
         if spec["grad"]:
             x.requires_grad_()
         inputs.append(x)
-    env = {"torch": torch, "F": F, "math": math, "inf": math.inf, "nan": math.nan, "paper_ce": paper_ce,
+    env = {"torch": torch, "F": F, "math": math, "inf": math.inf, "nan": math.nan, "paper_ce": paper_ce, "sdpa_ref": sdpa_ref,
            "L": list(inputs)}
     for spec, x in zip(c["inputs"], inputs):
         env[spec["name"]] = x

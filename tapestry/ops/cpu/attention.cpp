@@ -235,10 +235,12 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
         }
         for (int64_t r = 0; r < rows; ++r) {
           T* o = po + (s * L.tq + r0 + r) * L.ev;
-          const T inv = row_sum[r] > 0 ? T(1) / row_sum[r] : T(0);
+          // A sum of 0 (no key seen) gives zeros; a NaN sum (a NaN score) stays NaN in the saved
+          // log sum, so that the backward's probabilities of the row are NaN as well.
+          const T inv = row_sum[r] == T(0) ? T(0) : T(1) / row_sum[r];
           for (int64_t j = 0; j < L.ev; ++j) o[j] = acc[r * L.ev + j] * inv;
           pl[2 * (s * L.tq + r0 + r)] = row_max[r];
-          pl[2 * (s * L.tq + r0 + r) + 1] = row_sum[r] > 0 ? std::log(row_sum[r]) : std::numeric_limits<T>::infinity();
+          pl[2 * (s * L.tq + r0 + r) + 1] = row_sum[r] == T(0) ? std::numeric_limits<T>::infinity() : std::log(row_sum[r]);
         }
       }
     });

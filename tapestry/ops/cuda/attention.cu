@@ -63,7 +63,7 @@ __global__ void softmax_rows(T* scores, T* stats, const bool* mask, int64_t rows
     sum += e;
   }
   sum = group_reduce(sum, SumOp<T>());
-  const T inv = sum > 0 ? T(1) / sum : T(0);
+  const T inv = sum == T(0) ? T(0) : T(1) / sum;  // a NaN sum stays NaN (the CPU's rule)
   const uint32_t base = static_cast<uint32_t>(row * tk);
   for (int64_t c = threadIdx.x; c < tk; c += blockDim.x) {
     T p = s[c] * inv;
@@ -72,7 +72,7 @@ __global__ void softmax_rows(T* scores, T* stats, const bool* mask, int64_t rows
   }
   if (threadIdx.x == 0) {
     stats[2 * row] = mx;
-    stats[2 * row + 1] = sum > 0 ? math::log(sum) : std::numeric_limits<T>::infinity();
+    stats[2 * row + 1] = sum == T(0) ? std::numeric_limits<T>::infinity() : math::log(sum);
   }
   }
 }

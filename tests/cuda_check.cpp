@@ -7,7 +7,9 @@
 //   2. gradcheck in float64 on the device for the differentiable float64 samples;
 //   3. one Transformer training step, dropout on (the same masks on both devices): the loss,
 //      every gradient and every weight after Adam, in float64 (tight) and float32;
-//   4. the runtime: mixed devices name both, an index out of range is reported at the next
+//   4. both attention kernels (cuda::set_attention_kernel: gemm and tiled) on shapes across the
+//      tiled kernels' tiles, with masks, causality and dropout, and the tiled kernel's memory;
+//   5. the runtime: mixed devices name both, an index out of range is reported at the next
 //      synchronisation, the caching allocator reuses blocks, and a model saves and loads.
 #define DOCTEST_CONFIG_DISABLE
 #include <cstdio>
@@ -59,9 +61,11 @@ bool close(const Tensor& gpu, const Tensor& cpu, double rtol, double atol) {
   return true;
 }
 
-void check_op_table(Device device) {
+// The ops whose names start with `prefix` (all by default).
+void check_op_table(Device device, const std::string& prefix = "") {
   size_t samples = 0;
   for (const opinfo::OpInfo& op : opinfo::op_table()) {
+    if (op.name.rfind(prefix, 0) != 0) continue;
     std::vector<opinfo::Sample> all = opinfo::make_samples(op, 1);
     for (size_t k = 0; k < all.size(); ++k) {
       const opinfo::Sample& s = all[k];
@@ -125,7 +129,90 @@ void check_op_table(Device device) {
       expect(failed.empty(), where + ": gradcheck on the device: " + failed);
     }
   }
-  std::printf("cuda: %zu op samples on %s agree with the CPU\n", samples, device_name(device).c_str());
+  std::printf("cuda: %zu op samples%s on %s agree with the CPU\n", samples,
+              prefix.empty() ? "" : (" of " + prefix + "*").c_str(), device_name(device).c_str());
+}
+
+const char* kernel_name(cuda::AttentionKernel kernel) {
+  return kernel == cuda::AttentionKernel::Tiled ? "tiled" : kernel == cuda::AttentionKernel::Gemm ? "gemm" : "auto";
+}
+
+// scaled_dot_product_attention with one attention kernel against the CPU on shapes that cross the
+// tiled kernels' tiles and blocks: causal, masks, dropout (the same masks on both devices), both
+// dtypes, every head size (32, 64, 128): the output and the gradients of q, k and v.
+void check_attention(Device device, cuda::AttentionKernel kernel) {
+  cuda::set_attention_kernel(kernel);
+  struct Config {
+    Shape lead;
+    int64_t tq, tk, e, ev;
+    bool causal, mask;
+    double dropout;
+    DType dtype;
+  };
+  const std::vector<Config> configs = {
+      {{2, 4}, 130, 130, 64, 64, true, false, 0.0, kFloat32},   {{2, 4}, 70, 200, 64, 64, false, true, 0.1, kFloat32},
+      {{3}, 65, 33, 16, 24, false, true, 0.0, kFloat64},        {{3}, 65, 33, 16, 24, true, true, 0.2, kFloat64},
+      {{1, 2}, 40, 90, 100, 128, true, false, 0.0, kFloat32},   {{1, 2}, 150, 20, 100, 20, true, false, 0.3, kFloat64},
+      {{}, 1, 1, 8, 8, false, false, 0.0, kFloat32},            {{2}, 5, 0, 8, 8, false, false, 0.0, kFloat64},
+  };
+  size_t n = 0;
+  for (const Config& c : configs) {
+    const std::string where = fmt::format("attention ({}) lead {} {} x {}, e {} ev {}{}{} dropout {} {} on {}",
+                                          kernel_name(kernel), c.lead, c.tq, c.tk, c.e, c.ev,
+                                          c.causal ? ", causal" : "", c.mask ? ", mask" : "", c.dropout,
+                                          dtype_name(c.dtype), device_name(device));
+    auto with = [&c](int64_t a, int64_t b) {
+      Shape s = c.lead;
+      s.push_back(a);
+      s.push_back(b);
+      return s;
+    };
+    Generator g(31 + n);
+    const Tensor q = randn(with(c.tq, c.e), c.dtype, &g), k = randn(with(c.tk, c.e), c.dtype, &g),
+                 v = randn(with(c.tk, c.ev), c.dtype, &g), dout = randn(with(c.tq, c.ev), c.dtype, &g);
+    Shape padding = c.lead;
+    padding.insert(padding.end(), {1, c.tk});
+    const Tensor mask = c.mask ? gt(rand(padding, kFloat64, &g), 0.7) : Tensor();
+    auto run = [&](Device on) {
+      Tensor qd = q.to(on).requires_grad_(), kd = k.to(on).requires_grad_(), vd = v.to(on).requires_grad_();
+      Generator seeds(5);  // the same dropout seed on both devices
+      Tensor out = scaled_dot_product_attention(qd, kd, vd, mask.defined() ? mask.to(on) : Tensor(), c.causal,
+                                                c.dropout, std::nullopt, &seeds);
+      sum(mul(out, dout.to(on))).backward();
+      return TensorList{out, qd.grad(), kd.grad(), vd.grad()};
+    };
+    const TensorList cpu = run(Device::CPU), gpu = run(device);
+    const bool f32 = c.dtype == kFloat32;
+    const char* names[] = {"the output", "the gradient of q", "the gradient of k", "the gradient of v"};
+    for (size_t i = 0; i < cpu.size(); ++i)
+      expect(close(gpu[i].to(Device::CPU), cpu[i], f32 ? 1e-4 : 1e-10, f32 ? 1e-5 : 1e-12),
+             where + ": " + names[i] + " differs from the CPU's");
+    ++n;
+  }
+  check_op_table(device, "sdpa");
+  std::printf("cuda: the %s attention kernel agrees with the CPU on %zu shapes\n", kernel_name(kernel), n);
+  cuda::set_attention_kernel(cuda::AttentionKernel::Auto);
+}
+
+// The point of the tiled kernel: memory linear in Tq and Tk. With 8 heads of 4096 x 4096, Gemm's
+// scores alone would take 512 MiB (its backward twice that); Auto must pick Tiled here.
+void check_attention_memory(Device device) {
+  cuda::set_attention_kernel(cuda::AttentionKernel::Auto);
+  Generator g(3);
+  Tensor q = randn({1, 8, 4096, 64}, kFloat32, &g).to(device).requires_grad_();
+  Tensor k = randn({1, 8, 4096, 64}, kFloat32, &g).to(device).requires_grad_();
+  Tensor v = randn({1, 8, 4096, 64}, kFloat32, &g).to(device).requires_grad_();
+  cuda::synchronize(device);
+  const int64_t before = cuda::memory_stats(device).allocated;
+  cuda::reset_peak_memory(device);
+  Tensor out = scaled_dot_product_attention(q, k, v, Tensor(), true);
+  sum(out).backward();
+  cuda::synchronize(device);
+  const int64_t used = cuda::memory_stats(device).peak_allocated - before;
+  expect(used < (int64_t(128) << 20), fmt::format("tiled attention over 8 x 4096 x 4096 used {} MiB (scores: 512 MiB)",
+                                                  used >> 20));
+  std::printf("cuda: attention over 8 heads of 4096 x 4096 peaked at %lld MiB beyond its inputs (Auto: tiled)\n",
+              static_cast<long long>(used >> 20));
 }
 
 // One Transformer step with dropout on, on the CPU and on `device`, from the same weights and
@@ -220,6 +307,12 @@ int main() {
       check_op_table(device);
       check_transformer_step(device, kFloat64);
       check_transformer_step(device, kFloat32);
+      check_attention(device, cuda::AttentionKernel::Gemm);
+      check_attention(device, cuda::AttentionKernel::Tiled);
+      cuda::set_attention_kernel(cuda::AttentionKernel::Tiled);  // the model step through the tiled kernel
+      check_transformer_step(device, kFloat32);
+      cuda::set_attention_kernel(cuda::AttentionKernel::Auto);
+      check_attention_memory(device);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "FAIL: %s\n", e.what());

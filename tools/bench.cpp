@@ -159,10 +159,10 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   const double mn = *std::min_element(train_ms.begin(), train_ms.end());
   const double mx = *std::max_element(train_ms.begin(), train_ms.end());
   if (o.json) {
-    std::printf("{\"impl\": \"tapestry\", \"device\": \"%s\", \"workload\": \"lm\", \"threads\": %d, \"train_ms_median\": %.3f, "
+    std::printf("{\"impl\": \"tapestry\", \"device\": \"%s\", \"attention\": \"%s\", \"workload\": \"lm\", \"threads\": %d, \"train_ms_median\": %.3f, "
                 "\"train_ms_min\": %.3f, \"train_ms_max\": %.3f, \"tgt_tokens_per_s\": %.1f, \"forward_ms_median\": "
                 "%.3f, \"decode_tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, \"params\": %lld}\n",
-                o.device.c_str(), threads, step_ms, mn, mx, tok_s, median(fwd_ms), dec_tok_s, peak_rss_mib(),
+                o.device.c_str(), o.attention.c_str(), threads, step_ms, mn, mx, tok_s, median(fwd_ms), dec_tok_s, peak_rss_mib(),
                 static_cast<long long>(model.num_parameters()));
     return 0;
   }
@@ -196,6 +196,7 @@ int run_bench(const BenchOptions& o) {
   set_num_threads(threads);
   manual_seed(1234);
   bench_device = Device::parse(o.device);
+  cuda::set_attention_kernel(cuda::parse_attention_kernel(o.attention));
   if (bench_device.is_cuda()) cuda::reset_peak_memory(bench_device);
   if (o.workload == "lm") return run_lm_bench(o, threads);
   auto it = workloads().find(o.workload);
@@ -252,10 +253,10 @@ int run_bench(const BenchOptions& o) {
   const double dec_tok_s = static_cast<double>(decoded) / (decode_ms / 1000);
   if (o.json) {
     std::printf(
-        "{\"impl\": \"tapestry\", \"device\": \"%s\", \"workload\": \"%s\", \"threads\": %d, \"train_ms_median\": %.3f, \"train_ms_min\": "
+        "{\"impl\": \"tapestry\", \"device\": \"%s\", \"attention\": \"%s\", \"workload\": \"%s\", \"threads\": %d, \"train_ms_median\": %.3f, \"train_ms_min\": "
         "%.3f, \"train_ms_max\": %.3f, \"tgt_tokens_per_s\": %.1f, \"train_gflops\": %.2f, \"forward_ms_median\": "
         "%.3f, \"decode_tokens_per_s\": %.1f, \"sgemm_gflops\": %.2f, \"peak_rss_mib\": %.1f, \"params\": %lld}\n",
-        o.device.c_str(), o.workload.c_str(), threads, step_ms, *std::min_element(train_ms.begin(), train_ms.end()),
+        o.device.c_str(), o.attention.c_str(), o.workload.c_str(), threads, step_ms, *std::min_element(train_ms.begin(), train_ms.end()),
         *std::max_element(train_ms.begin(), train_ms.end()), tok_s, train_gflops, median(fwd_ms), dec_tok_s,
         sgemm_gflops, peak_rss_mib(), static_cast<long long>(model.num_parameters()));
     return 0;
@@ -295,6 +296,11 @@ Subcommand add_bench(CLI::App& app) {
   bench->add_flag("--profile", o->profile, "also print per-op times of the train step");
   bench->add_flag("--peak", o->peak, "measure the machine's fp32 FMA peak instead");
   bench->add_option("--device", o->device, "cpu, cuda or cuda:N")->check(device_flag())->capture_default_str();
+  bench->add_option("--attention", o->attention,
+                    "the GPU's attention kernel: gemm (cuBLAS, holds the scores), tiled (FlashAttention-style) or "
+                    "auto (tiled where the scores would take over 256 MiB)")
+      ->check(CLI::IsMember({"auto", "gemm", "tiled"}))
+      ->capture_default_str();
   return {bench, [o] { return run_bench(*o); }};
 }
 

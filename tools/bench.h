@@ -13,6 +13,7 @@ struct BenchOptions {
   bool profile = false;  // per-op times of the train step
   bool peak = false;     // only measure the FMA peak
   std::string device = "cpu";  // cpu, cuda or cuda:N
+  std::string attention = "auto";  // the GPU's attention kernel: auto, gemm or tiled
 };
 
 int run_bench(const BenchOptions& options);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tapestry/ops/dtype.h"
+#include "tapestry/ops/error.h"
 
 namespace tapestry::cuda {
 
@@ -34,6 +35,27 @@ void empty_cache(Device device = Device::CUDA);  // returns cached, unused block
 // TF32 tensor cores for float32 matmuls (faster, about 10 mantissa bits): off unless asked for.
 void set_allow_tf32(bool on);
 bool allow_tf32();
+
+// The kernel scaled_dot_product_attention runs on a GPU.
+//   Gemm:  cuBLAS batched gemms around a row kernel; the [B·H, Tq, Tk] scores (two such buffers
+//          in the backward) live in device memory.
+//   Tiled: FlashAttention-style kernels (ops/attention_tiles.h) that keep one tile of keys per
+//          block in shared memory: memory linear in Tq and Tk; head sizes up to 128 (wider heads
+//          run Gemm).
+//   Auto:  the default: Tiled where Gemm's scores would take more than auto_tiled_bytes(),
+//          otherwise Gemm.
+// Both give the CPU's results (tests/cuda_check.cpp runs both); docs/cuda.md says what has run.
+enum class AttentionKernel { Auto, Gemm, Tiled };
+void set_attention_kernel(AttentionKernel kernel);
+AttentionKernel attention_kernel();
+constexpr int64_t auto_tiled_bytes() { return int64_t(256) << 20; }
+// Parses "auto", "gemm" or "tiled" (for command lines); anything else is an Error naming them.
+inline AttentionKernel parse_attention_kernel(const std::string& name) {
+  if (name == "auto") return AttentionKernel::Auto;
+  if (name == "gemm") return AttentionKernel::Gemm;
+  if (name == "tiled") return AttentionKernel::Tiled;
+  throw Error("attention kernel: expected auto, gemm or tiled, got '" + name + "'");
+}
 
 namespace detail {
 // The hooks the device-independent code needs (Storage, cross-device copy_, dispatch).

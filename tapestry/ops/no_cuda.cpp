@@ -25,6 +25,12 @@ void reset_peak_memory(Device) {}
 void empty_cache(Device) {}
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
+// Kept, though nothing reads it without a GPU: a program that sets it runs on any build.
+namespace {
+AttentionKernel attention_choice = AttentionKernel::Auto;
+}  // namespace
+void set_attention_kernel(AttentionKernel kernel) { attention_choice = kernel; }
+AttentionKernel attention_kernel() { return attention_choice; }
 
 namespace detail {
 void* allocate(size_t, Device device) { not_built("Storage", device); }

@@ -1,9 +1,11 @@
-// Scaled dot-product attention on the GPU: the scores of every (batch..., head) slice in one
-// cuBLAS batched gemm, one block per query row for the masking, the softmax statistics and the
-// dropout, and gemms again for the output and for every gradient. Unlike the CPU kernel (ops/cpu/
-// attention.cpp, FlashAttention-style blocks), this holds the [BH, Tq, Tk] scores in memory:
-// simple, and as fast as cuBLAS for the sequence lengths of this zoo; a tiled kernel that keeps
-// them on chip is the next step where memory matters.
+// Scaled dot-product attention on the GPU, two kernels (tapestry::cuda::set_attention_kernel):
+//   Gemm:  the scores of every (batch..., head) slice in one cuBLAS batched gemm, one block per
+//          query row for the masking, the softmax statistics and the dropout, and gemms again for
+//          the output and for every gradient. It holds the [BH, Tq, Tk] scores in memory.
+//   Tiled: FlashAttention-style kernels that hold one tile of keys (or queries) per block in
+//          shared memory, whose per-thread steps live in ops/attention_tiles.h, where the CPU test
+//          suite runs them too (tests/test_attention_tiles.cpp).
+// Auto picks Tiled where Gemm's scores would take more than cuda::auto_tiled_bytes().
 //
 // The semantics are the CPU's, term for term: masked scores (by the mask or causality) become
 // -1e9, the statistics saved per row are the maximum and log sum exp(score - maximum), the
@@ -13,6 +15,7 @@
 
 #include "tapestry/ops/cuda/blas.cuh"
 #include "tapestry/ops/cuda/group_reduce.cuh"
+#include "tapestry/ops/attention_tiles.h"
 
 namespace tapestry::kernels::cuda {
 
@@ -138,12 +141,136 @@ Prepared prepare(const char* op, const Tensor& q, const Tensor& k, const Tensor&
   return P;
 }
 
+
+// ---- the tiled kernels: the steps of ops/attention_tiles.h with barriers between them. Blocks
+// of tiles::kThreads threads: x over query rows (or keys), y over the (batch..., head) slices.
+// The forward (Steps = tiles::ForwardSteps: out, stats) and the dQ kernel (tiles::QueryGradSteps:
+// dq): a thread per query row over tiles of keys.
+template <class T, int HEAD, class Steps>
+__global__ void tiled_query_rows(tiles::Params<T> P, T* out0, T* out1) {
+  constexpr int kTile = tiles::tile_len<T, HEAD>();
+  __shared__ T Ks[kTile * HEAD], Vs[kTile * HEAD];
+  const int64_t r0 = blockIdx.x * static_cast<int64_t>(blockDim.x), i = r0 + threadIdx.x;
+  const bool live = i < P.tq;
+  const int64_t end = tiles::key_end(P, r0 + blockDim.x < P.tq ? r0 + blockDim.x : P.tq);
+  for (int64_t s = blockIdx.y; s < P.bh; s += gridDim.y) {
+    typename Steps::State row;
+    if (live) Steps::begin(P, s, i, row);
+    for (int64_t j0 = 0; j0 < end; j0 += kTile) {
+      const int64_t len = end - j0 < kTile ? end - j0 : kTile;
+      __syncthreads();  // every thread is done with the previous tile
+      tiles::stage_keys<T, HEAD>(P, s, j0, len, threadIdx.x, blockDim.x, Ks, Vs);
+      __syncthreads();
+      if (live) Steps::consume(P, j0, len, Ks, Vs, row);
+    }
+    if (live) Steps::end(P, row, out0, out1);
+  }
+}
+
+template <class T, int HEAD>
+__global__ void tiled_dkv(tiles::Params<T> P, T* dk, T* dv) {
+  constexpr int kTile = tiles::tile_len<T, HEAD>();
+  __shared__ T Qs[kTile * HEAD], dOs[kTile * HEAD], rows[3 * kTile];
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const bool live = j < P.tk;
+  const int64_t begin = tiles::query_begin(P, blockIdx.x * static_cast<int64_t>(blockDim.x));
+  for (int64_t s = blockIdx.y; s < P.bh; s += gridDim.y) {
+    tiles::KeyGrad<T, HEAD> key;
+    if (live) tiles::dkv_begin(P, s, j, key);
+    for (int64_t i0 = begin; i0 < P.tq; i0 += kTile) {
+      const int64_t len = P.tq - i0 < kTile ? P.tq - i0 : kTile;
+      __syncthreads();
+      tiles::stage_queries<T, HEAD>(P, s, i0, len, threadIdx.x, blockDim.x, Qs, dOs, rows);
+      __syncthreads();
+      if (live) tiles::dkv_consume(P, i0, len, Qs, dOs, rows, key);
+    }
+    if (live) tiles::dkv_end(P, key, dk, dv);
+  }
+}
+
+dim3 tiled_grid(int64_t rows, int64_t bh) {
+  return dim3(static_cast<unsigned>((rows + tiles::kThreads - 1) / tiles::kThreads),
+              static_cast<unsigned>(std::min<int64_t>(bh, 65535)));
+}
+
+// Whether this call runs the tiled kernels (tapestry::cuda::set_attention_kernel).
+// (q, k and v were checked by the op: [..., Tq, E], [..., Tk, E], [..., Tk, Ev].)
+bool use_tiled(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (!tiles::head_fits(q.size(-1), v.size(-1))) return false;
+  switch (::tapestry::cuda::attention_kernel()) {
+    case ::tapestry::cuda::AttentionKernel::Gemm: return false;
+    case ::tapestry::cuda::AttentionKernel::Tiled: return true;
+    case ::tapestry::cuda::AttentionKernel::Auto: break;
+  }
+  const int64_t query_rows = shape_numel(Shape(q.sizes().begin(), q.sizes().end() - 1));  // B·H·Tq
+  const double score_bytes = static_cast<double>(query_rows) * static_cast<double>(k.size(-2)) *
+                             static_cast<double>(dtype_size(q.dtype()));
+  return score_bytes > static_cast<double>(::tapestry::cuda::auto_tiled_bytes());
+}
+
+AttentionOut tiled_attention(const char* op, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                             const Tensor& mask, bool is_causal, double scale, double dropout_p, uint64_t seed) {
+  const Tensor q = contiguous(q_in), k = contiguous(k_in), v = contiguous(v_in);
+  Shape out_shape = q_in.sizes();
+  out_shape.back() = v.size(-1);
+  Shape lse_shape(q_in.sizes().begin(), q_in.sizes().end() - 1);
+  lse_shape.push_back(2);
+  Tensor out = empty_on(out_shape, q.dtype(), q.device()), lse = empty_on(lse_shape, q.dtype(), q.device());
+  dispatch_floating(q.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    Tensor mask_copy;
+    const tiles::Params<T> P = tiles::make_params<T>(op, q, k, v, mask, is_causal, scale, dropout_p, seed, &mask_copy);
+    if (P.bh == 0 || P.tq == 0) return;
+    tiles::with_head(P.e, P.ev, [&](auto head) {
+      constexpr int kHead = decltype(head)::value;
+      tiled_query_rows<T, kHead, tiles::ForwardSteps<T, kHead>><<<tiled_grid(P.tq, P.bh), tiles::kThreads, 0, stream()>>>(
+          P, out.template data_ptr<T>(), lse.template data_ptr<T>());
+      TP_CUDA_LAUNCHED(op);
+    });
+  });
+  return {out, lse};
+}
+
+AttentionGrads tiled_attention_backward(const char* op, const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in,
+                                        const Tensor& v_in, const Tensor& out_in, const Tensor& lse,
+                                        const Tensor& mask, bool is_causal, double scale, double dropout_p,
+                                        uint64_t seed) {
+  const Tensor q = contiguous(q_in), k = contiguous(k_in), v = contiguous(v_in);
+  const Tensor dout = contiguous(dout_in), out = contiguous(out_in), stats = contiguous(lse);
+  const Device device = q.device();
+  Tensor dq = empty_on(q_in.sizes(), q.dtype(), device), dk = empty_on(k_in.sizes(), q.dtype(), device),
+         dv = empty_on(v_in.sizes(), q.dtype(), device);
+  dispatch_floating(q.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    Tensor mask_copy;
+    tiles::Params<T> P = tiles::make_params<T>(op, q, k, v, mask, is_causal, scale, dropout_p, seed, &mask_copy);
+    if (P.bh == 0 || P.tq == 0 || P.tk == 0) {  // nothing reaches q, k or v
+      fill_(dq, 0.0), fill_(dk, 0.0), fill_(dv, 0.0);
+      return;
+    }
+    Tensor d = empty_on({P.bh, P.tq}, q.dtype(), device);
+    P.out = out.template data_ptr<T>(), P.dout = dout.template data_ptr<T>(), P.stats = stats.template data_ptr<T>();
+    P.d = d.template data_ptr<T>();
+    tiles::with_head(P.e, P.ev, [&](auto head) {
+      constexpr int kHead = decltype(head)::value;
+      tiled_query_rows<T, kHead, tiles::QueryGradSteps<T, kHead>><<<tiled_grid(P.tq, P.bh), tiles::kThreads, 0, stream()>>>(
+          P, dq.template data_ptr<T>(), nullptr);
+      TP_CUDA_LAUNCHED(op);
+      tiled_dkv<T, kHead><<<tiled_grid(P.tk, P.bh), tiles::kThreads, 0, stream()>>>(
+          P, dk.template data_ptr<T>(), dv.template data_ptr<T>());
+      TP_CUDA_LAUNCHED(op);
+    });
+  });
+  return {dq, dk, dv};
+}
 }  // namespace
 
 AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                           const Tensor& mask, bool is_causal, double scale, double dropout_p,
                                           uint64_t seed) {
   const char* op = "scaled_dot_product_attention";
+  if (use_tiled(q_in, k_in, v_in))
+    return tiled_attention(op, q_in, k_in, v_in, mask, is_causal, scale, dropout_p, seed);
   Prepared P = prepare(op, q_in, k_in, v_in, mask);
   Shape out_shape = q_in.sizes();
   out_shape.back() = P.ev;
@@ -199,6 +326,9 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
                                                      const Tensor& mask, bool is_causal, double scale,
                                                      double dropout_p, uint64_t seed) {
   const char* op = "scaled_dot_product_attention_backward";
+  if (use_tiled(q_in, k_in, v_in))
+    return tiled_attention_backward(op, dout_in, q_in, k_in, v_in, out_in, lse, mask, is_causal, scale, dropout_p,
+                                    seed);
   Prepared P = prepare(op, q_in, k_in, v_in, mask);
   const Device device = q_in.device();
   const DType dtype = q_in.dtype();

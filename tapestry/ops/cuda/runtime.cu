@@ -14,6 +14,7 @@
 // cache is returned to the driver and the allocation tried once more. The per-device state is
 // never destroyed: tensors freed during static destruction still find their cache, and the
 // driver reclaims everything at exit.
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -202,6 +203,12 @@ bool tf32_allowed = false;
 }  // namespace
 void set_allow_tf32(bool on) { tf32_allowed = on; }
 bool allow_tf32() { return tf32_allowed; }
+
+namespace {
+std::atomic<AttentionKernel> attention_choice{AttentionKernel::Auto};
+}  // namespace
+void set_attention_kernel(AttentionKernel kernel) { attention_choice = kernel; }
+AttentionKernel attention_kernel() { return attention_choice; }
 
 namespace detail {
 

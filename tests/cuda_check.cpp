@@ -16,6 +16,7 @@
 #include <map>
 
 #include "tapestry/ops/cuda.h"
+#include "tapestry/ops/kernels.h"
 #include "tests/helpers.h"
 #include "tests/opinfo.h"
 
@@ -154,6 +155,7 @@ void check_attention(Device device, cuda::AttentionKernel kernel) {
       {{3}, 65, 33, 16, 24, false, true, 0.0, kFloat64},        {{3}, 65, 33, 16, 24, true, true, 0.2, kFloat64},
       {{1, 2}, 40, 90, 100, 128, true, false, 0.0, kFloat32},   {{1, 2}, 150, 20, 100, 20, true, false, 0.3, kFloat64},
       {{}, 1, 1, 8, 8, false, false, 0.0, kFloat32},            {{2}, 5, 0, 8, 8, false, false, 0.0, kFloat64},
+      {{2, 2}, 70, 70, 64, 64, true, true, 0.1, kFloat64},      {{70000}, 1, 3, 4, 4, false, false, 0.0, kFloat32},
   };
   size_t n = 0;
   for (const Config& c : configs) {
@@ -174,7 +176,9 @@ void check_attention(Device device, cuda::AttentionKernel kernel) {
     padding.insert(padding.end(), {1, c.tk});
     const Tensor mask = c.mask ? gt(rand(padding, kFloat64, &g), 0.7) : Tensor();
     auto run = [&](Device on) {
-      Tensor qd = q.to(on).requires_grad_(), kd = k.to(on).requires_grad_(), vd = v.to(on).requires_grad_();
+      // Fresh leaves on each device (q.to(cpu) is q itself, and its gradient would be shared).
+      Tensor qd = q.detach().to(on).requires_grad_(), kd = k.detach().to(on).requires_grad_(),
+             vd = v.detach().to(on).requires_grad_();
       Generator seeds(5);  // the same dropout seed on both devices
       Tensor out = scaled_dot_product_attention(qd, kd, vd, mask.defined() ? mask.to(on) : Tensor(), c.causal,
                                                 c.dropout, std::nullopt, &seeds);
@@ -187,6 +191,29 @@ void check_attention(Device device, cuda::AttentionKernel kernel) {
     for (size_t i = 0; i < cpu.size(); ++i)
       expect(close(gpu[i].to(Device::CPU), cpu[i], f32 ? 1e-4 : 1e-10, f32 ? 1e-5 : 1e-12),
              where + ": " + names[i] + " differs from the CPU's");
+    ++n;
+  }
+  {  // The kernel's own outputs: the saved statistics too, a fully masked row, 9 leading dims
+     // (the tiled kernel copies such a mask), float64 with heads of 64.
+    Generator g(77);
+    const Shape lead = {1, 1, 1, 1, 1, 1, 1, 2, 2};
+    auto with = [&lead](int64_t a, int64_t b) {
+      Shape s = lead;
+      s.push_back(a);
+      s.push_back(b);
+      return s;
+    };
+    const Tensor q = randn(with(9, 64), kFloat64, &g), k = randn(with(11, 64), kFloat64, &g),
+                 v = randn(with(11, 64), kFloat64, &g);
+    Tensor mask = gt(rand(with(9, 11), kFloat64, &g), 0.6);
+    mask.select(-2, 4).fill_(1.0);  // query 4 sees nothing: it attends evenly
+    const kernels::AttentionOut cpu = kernels::scaled_dot_product_attention(q, k, v, mask, true, 0.125, 0.0, 0);
+    const kernels::AttentionOut gpu = kernels::scaled_dot_product_attention(q.to(device), k.to(device), v.to(device),
+                                                                            mask.to(device), true, 0.125, 0.0, 0);
+    const std::string where = fmt::format("attention ({}) with 9 leading dims and a fully masked row on {}",
+                                          kernel_name(kernel), device_name(device));
+    expect(close(gpu.out.to(Device::CPU), cpu.out, 1e-10, 1e-12), where + ": the output differs from the CPU's");
+    expect(close(gpu.lse.to(Device::CPU), cpu.lse, 1e-10, 1e-12), where + ": the statistics differ from the CPU's");
     ++n;
   }
   check_op_table(device, "sdpa");

@@ -11,8 +11,11 @@
 // The semantics are ops/cpu/attention.cpp's, term for term: a masked score (by the mask or by
 // causality, key j > query i) is -1e9, the saved statistics per query row are the maximum and
 // log sum exp(score - maximum), and dropout keeps element (s, i, j) when
-// dropout_keeps((s Tq + i) Tk + j mod 2^32). With causality and no mask, key tiles wholly in a
-// block's future are skipped (their probabilities are exactly 0: every row sees key 0).
+// dropout_keeps((s Tq + i) Tk + j mod 2^32). With causality and no mask, keys wholly in a block's
+// future are skipped (their probabilities are exactly 0: every row sees key 0). The one place
+// the two kernels can differ is there: the CPU skips by blocks of 64 x 128 and this kernel by
+// blocks of 64 rows, so with a NaN score in a causal row, which keys beyond it come out NaN
+// differs (PyTorch's composite makes them all NaN; docs/cuda.md, known differences).
 //
 // Three kernels, each thread owning one output row (no atomics, so results are deterministic):
 //   forward: a thread per query row; key tiles (K and V) staged in shared memory; the thread keeps
@@ -107,9 +110,16 @@ template <class T, int HEAD> TP_HD inline T dot(const T* a, const T* b, int64_t 
 }
 
 // Thread t of n copies rows [r0, r0 + len) of the [rows, width] slice `src` into `dst` [len, HEAD].
+// A tile holds at most 64 x 128 values, so the position within it is 32-bit (a 64-bit division
+// per element would cost as much as the tile's arithmetic on a GPU).
 template <class T, int HEAD>
 TP_HD inline void stage_rows(const T* src, int64_t width, int64_t r0, int64_t len, int t, int n, T* dst) {
-  for (int64_t x = t; x < len * width; x += n) dst[(x / width) * HEAD + x % width] = src[(r0 + x / width) * width + x % width];
+  const int w = static_cast<int>(width), count = static_cast<int>(len) * w;
+  const T* from = src + r0 * width;
+  for (int x = t; x < count; x += n) {
+    const int row = x / w, col = x - row * w;
+    dst[row * HEAD + col] = from[x];
+  }
 }
 
 // ---- forward: one query row per thread
@@ -336,10 +346,16 @@ template <class F> void with_head(int64_t e, int64_t ev, F&& f) {
 template <class T>
 Params<T> make_params(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                       bool causal, double scale, double dropout_p, uint64_t seed, Tensor* mask_copy) {
+  const Shape lead(q.sizes().begin(), q.sizes().end() - 2);
+  TP_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && k.dim() == q.dim() && v.dim() == q.dim() &&
+               Shape(k.sizes().begin(), k.sizes().end() - 2) == lead &&
+               Shape(v.sizes().begin(), v.sizes().end() - 2) == lead && k.size(-2) == v.size(-2) &&
+               k.size(-1) == q.size(-1),
+           "{}: q {}, k {} and v {} do not fit together (contiguous [..., Tq, E], [..., Tk, E], [..., Tk, Ev])", op,
+           q.sizes(), k.sizes(), v.sizes());
   Params<T> P;
   P.q = q.data_ptr<T>(), P.k = k.data_ptr<T>(), P.v = v.data_ptr<T>();
   P.tq = q.size(-2), P.tk = k.size(-2), P.e = q.size(-1), P.ev = v.size(-1);
-  const Shape lead(q.sizes().begin(), q.sizes().end() - 2);
   P.bh = shape_numel(lead);
   P.scale = static_cast<T>(scale);
   P.causal = causal;

@@ -45,7 +45,7 @@ template <class T> TP_HD inline bool is_nan(T v) {
 // exp that the compiler can vectorize: float uses a Cephes-style range reduction and degree-6
 // polynomial (within 2 ulp of std::exp over the range, 0 below -87.3, as exp underflows);
 // double keeps the library exp, so gradchecks see it. The GPU runs the same polynomial, so
-// softmaxes agree across devices to the last bits.
+// softmaxes agree across devices to rounding (nvcc fuses its multiply-adds; the CPU build may not).
 TP_HD inline float vexp(float x) {
   float xc = x < -87.3f ? -87.3f : (x > 88.37f ? 88.37f : x);  // e^88.37 is still finite
   xc = xc == xc ? xc : 0.0f;  // NaN: computed on 0 and replaced below (casting NaN to int is UB)

@@ -134,6 +134,13 @@ void check_op_table(Device device, const std::string& prefix = "") {
               prefix.empty() ? "" : (" of " + prefix + "*").c_str(), device_name(device).c_str());
 }
 
+// lead + [a, b]: an attention operand's shape.
+Shape with_rows(Shape lead, int64_t a, int64_t b) {
+  lead.push_back(a);
+  lead.push_back(b);
+  return lead;
+}
+
 const char* kernel_name(cuda::AttentionKernel kernel) {
   return kernel == cuda::AttentionKernel::Tiled ? "tiled" : kernel == cuda::AttentionKernel::Gemm ? "gemm" : "auto";
 }
@@ -163,12 +170,7 @@ void check_attention(Device device, cuda::AttentionKernel kernel) {
                                           kernel_name(kernel), c.lead, c.tq, c.tk, c.e, c.ev,
                                           c.causal ? ", causal" : "", c.mask ? ", mask" : "", c.dropout,
                                           dtype_name(c.dtype), device_name(device));
-    auto with = [&c](int64_t a, int64_t b) {
-      Shape s = c.lead;
-      s.push_back(a);
-      s.push_back(b);
-      return s;
-    };
+    auto with = [&c](int64_t a, int64_t b) { return with_rows(c.lead, a, b); };
     Generator g(31 + n);
     const Tensor q = randn(with(c.tq, c.e), c.dtype, &g), k = randn(with(c.tk, c.e), c.dtype, &g),
                  v = randn(with(c.tk, c.ev), c.dtype, &g), dout = randn(with(c.tq, c.ev), c.dtype, &g);
@@ -197,12 +199,7 @@ void check_attention(Device device, cuda::AttentionKernel kernel) {
      // (the tiled kernel copies such a mask), float64 with heads of 64.
     Generator g(77);
     const Shape lead = {1, 1, 1, 1, 1, 1, 1, 2, 2};
-    auto with = [&lead](int64_t a, int64_t b) {
-      Shape s = lead;
-      s.push_back(a);
-      s.push_back(b);
-      return s;
-    };
+    auto with = [&lead](int64_t a, int64_t b) { return with_rows(lead, a, b); };
     const Tensor q = randn(with(9, 64), kFloat64, &g), k = randn(with(11, 64), kFloat64, &g),
                  v = randn(with(11, 64), kFloat64, &g);
     Tensor mask = gt(rand(with(9, 11), kFloat64, &g), 0.6);

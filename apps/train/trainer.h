@@ -104,7 +104,7 @@ struct TrainerOptions {
   bool reshard = false;
   // Gradient buckets (dist::GradReducer): as PyTorch DDP's bucket_cap_mb, first bucket small so
   // that its all-reduce starts early in the backward.
-  size_t bucket_bytes = size_t(25) << 20, first_bucket_bytes = size_t(1) << 20;
+  size_t bucket_bytes = dist::GradReducer::kBucketBytes, first_bucket_bytes = dist::GradReducer::kFirstBucketBytes;
 };
 
 struct EpochRecord {

@@ -49,12 +49,16 @@ void check_mpi(int rc, const char* call) {
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : op == ReduceOp::Max ? MPI_MAX : MPI_MIN; }
 
+[[noreturn]] void unsupported_dtype(DType d, const char* what) {
+  throw Error(fmt::format("dist: {}: dtype {} is not supported (float32, float64, int64)", what, d));
+}
+
 MPI_Datatype mpi_type(DType d, const char* what) {
   switch (d) {
     case DType::Float32: return MPI_FLOAT;
     case DType::Float64: return MPI_DOUBLE;
     case DType::Int64: return MPI_INT64_T;
-    default: throw Error(fmt::format("dist: {}: dtype {} is not supported (float32, float64, int64)", what, d));
+    default: unsupported_dtype(d, what);
   }
 }
 #endif
@@ -108,7 +112,7 @@ ncclDataType_t nccl_type(DType d, const char* what) {
     case DType::Float32: return ncclFloat32;
     case DType::Float64: return ncclFloat64;
     case DType::Int64: return ncclInt64;
-    default: throw Error(fmt::format("dist: {}: dtype {} is not supported (float32, float64, int64)", what, d));
+    default: unsupported_dtype(d, what);
   }
 }
 
@@ -317,16 +321,22 @@ struct GradReducer::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
 #endif
 
-  void pack(Bucket& b) {
-    if (!b.flat.defined()) b.flat = empty({b.numel}, TensorOptions(b.dtype, params[b.params[0]].device()));
+  // f(parameter, its slot in b.flat: a view of the parameter's shape), over the bucket's parameters.
+  template <class F> void for_each_slot(Bucket& b, F f) {
     int64_t off = 0;
     for (size_t k : b.params) {
       const Tensor& p = params[k];
-      Tensor slot = b.flat.slice(0, off, off + p.numel()).view(p.sizes());
-      if (p.grad().defined()) kernels::copy_(slot, p.grad());
-      else kernels::fill_(slot, 0.0);
+      f(p, b.flat.slice(0, off, off + p.numel()).view(p.sizes()));
       off += p.numel();
     }
+  }
+
+  void pack(Bucket& b) {
+    if (!b.flat.defined()) b.flat = empty({b.numel}, TensorOptions(b.dtype, params[b.params[0]].device()));
+    for_each_slot(b, [](const Tensor& p, Tensor slot) {
+      if (p.grad().defined()) kernels::copy_(slot, p.grad());
+      else kernels::fill_(slot, 0.0);
+    });
   }
 
   void start(Bucket& b) {
@@ -368,15 +378,11 @@ struct GradReducer::Impl {
     check_mpi(MPI_Wait(&b.request, MPI_STATUS_IGNORE), "MPI_Wait");
 #endif
     if (scale != 1.0) b.flat.mul_(scale);
-    int64_t off = 0;
-    for (size_t k : b.params) {  // unpack
-      const Tensor& p = params[k];
-      Tensor slot = b.flat.slice(0, off, off + p.numel()).view(p.sizes());
+    for_each_slot(b, [](const Tensor& p, const Tensor& slot) {  // unpack
       if (!p.grad().defined()) p.impl().grad = empty(p.sizes(), p.options()).impl_ptr();
       Tensor g = p.grad();
       kernels::copy_(g, slot);
-      off += p.numel();
-    }
+    });
   }
 
   void on_gradient(size_t k) {

@@ -66,8 +66,11 @@ void barrier();
 // The constructor is a collective: every rank makes its GradReducer at the same point.
 class GradReducer {
  public:
-  explicit GradReducer(std::vector<Tensor> params, size_t bucket_bytes = size_t(25) << 20,
-                       size_t first_bucket_bytes = size_t(1) << 20, bool overlap = overlap_from_environment());
+  // PyTorch DDP's bucket_cap_mb, and a small first bucket so that its all-reduce starts early.
+  static constexpr size_t kBucketBytes = size_t(25) << 20, kFirstBucketBytes = size_t(1) << 20;
+
+  explicit GradReducer(std::vector<Tensor> params, size_t bucket_bytes = kBucketBytes,
+                       size_t first_bucket_bytes = kFirstBucketBytes, bool overlap = overlap_from_environment());
   ~GradReducer();  // removes its hooks
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;

@@ -40,7 +40,6 @@
 
 namespace tapestry::kernels::tiles {
 
-constexpr double kMasked = -1e9;
 constexpr int kThreads = 64;  // threads per block: the query rows (or keys) of a block
 constexpr int kMaxLead = 8;   // leading dims of a broadcast mask read in place (more: copied)
 constexpr int kMaxHead = 128;
@@ -158,7 +157,7 @@ TP_HD inline void forward_consume(const Params<T>& P, int64_t j0, int64_t len, c
   T score[TILE];
   T mx = r.m;
   for (int c = 0; c < TILE && c < len; ++c) {
-    const T v = is_masked(P, r.mask, r.i, j0 + c) ? static_cast<T>(kMasked) : P.scale * dot<T, HEAD>(r.q, Ks + c * HEAD, P.e);
+    const T v = is_masked(P, r.mask, r.i, j0 + c) ? static_cast<T>(kAttentionMasked) : P.scale * dot<T, HEAD>(r.q, Ks + c * HEAD, P.e);
     score[c] = v;
     mx = v > mx ? v : mx;  // NaN is passed over, as std::max in the CPU kernel
   }
@@ -305,7 +304,7 @@ TP_HD inline void dkv_consume(const Params<T>& P, int64_t i0, int64_t len, const
     const T* q = Qs + c * HEAD;
     const T* g = dOs + c * HEAD;
     const bool masked = is_masked(P, r.mask, i, r.j);
-    const T score = masked ? static_cast<T>(kMasked) : P.scale * dot<T, HEAD>(q, r.k, P.e);
+    const T score = masked ? static_cast<T>(kAttentionMasked) : P.scale * dot<T, HEAD>(q, r.k, P.e);
     const T p = vexp((score - rows[3 * c]) - rows[3 * c + 1]);
     const T z = drop_factor(P, r.s, i, r.j);
     const T pz = p * z;
@@ -346,13 +345,9 @@ template <class F> void with_head(int64_t e, int64_t ev, F&& f) {
 template <class T>
 Params<T> make_params(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                       bool causal, double scale, double dropout_p, uint64_t seed, Tensor* mask_copy) {
+  check_attention_operands(op, q, k, v);
+  TP_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "{}: q, k and v must be contiguous here", op);
   const Shape lead(q.sizes().begin(), q.sizes().end() - 2);
-  TP_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && k.dim() == q.dim() && v.dim() == q.dim() &&
-               Shape(k.sizes().begin(), k.sizes().end() - 2) == lead &&
-               Shape(v.sizes().begin(), v.sizes().end() - 2) == lead && k.size(-2) == v.size(-2) &&
-               k.size(-1) == q.size(-1),
-           "{}: q {}, k {} and v {} do not fit together (contiguous [..., Tq, E], [..., Tk, E], [..., Tk, Ev])", op,
-           q.sizes(), k.sizes(), v.sizes());
   Params<T> P;
   P.q = q.data_ptr<T>(), P.k = k.data_ptr<T>(), P.v = v.data_ptr<T>();
   P.tq = q.size(-2), P.tk = k.size(-2), P.e = q.size(-1), P.ev = v.size(-1);
@@ -369,7 +364,6 @@ Params<T> make_params(const char* op, const Tensor& q, const Tensor& k, const Te
     full.push_back(P.tq);
     full.push_back(P.tk);
     Shape st = attention_mask_strides(op, mask, full);
-    TP_CHECK(mask.dtype() == DType::Bool, "{}: the mask must be bool, got {}", op, mask.dtype());
     Tensor m = mask;
     if (lead.size() > static_cast<size_t>(kMaxLead)) {
       *mask_copy = contiguous(make_tensor(mask.impl().storage, full, st, mask.offset(), DType::Bool));

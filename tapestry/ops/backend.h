@@ -88,9 +88,24 @@ inline Smoothing smoothing_for(double eps, int64_t V, int64_t ignore_index) {
   return {1.0 - eps, other, pad_is_class ? ignore_index : -1, spread > 0 ? 1.0 : 1.0 - eps};
 }
 
-// Strides of an attention mask broadcast to the scores' shape `full` ([lead..., Tq, Tk]):
-// right-aligned, size-1 dims read at stride 0; an Error when it does not broadcast.
+// The score a masked attention entry takes (by the mask or by causality), in every attention
+// kernel: -1e9 rather than -inf, so a fully masked row attends evenly instead of giving NaN.
+constexpr double kAttentionMasked = -1e9;
+
+// q [..., Tq, E], k [..., Tk, E] and v [..., Tk, Ev] with the same leading dims, or an Error.
+inline void check_attention_operands(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  const Shape lead(q.sizes().begin(), q.sizes().end() - 2);
+  TP_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim() &&
+               Shape(k.sizes().begin(), k.sizes().end() - 2) == lead &&
+               Shape(v.sizes().begin(), v.sizes().end() - 2) == lead && k.size(-2) == v.size(-2) &&
+               k.size(-1) == q.size(-1),
+           "{}: q {}, k {} and v {} do not fit together", op, q.sizes(), k.sizes(), v.sizes());
+}
+
+// Strides of a bool attention mask broadcast to the scores' shape `full` ([lead..., Tq, Tk]):
+// right-aligned, size-1 dims read at stride 0; an Error when it does not broadcast or is not bool.
 inline Shape attention_mask_strides(const char* op, const Tensor& mask, const Shape& full) {
+  TP_CHECK(mask.dtype() == DType::Bool, "{}: the mask must be bool, got {}", op, mask.dtype());
   const int64_t nd = static_cast<int64_t>(full.size());
   Shape st(full.size(), 0);
   for (int64_t i = 1; i <= mask.dim(); ++i) {

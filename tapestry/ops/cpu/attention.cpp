@@ -32,7 +32,6 @@ namespace {
 
 constexpr int64_t kRows = 64;   // query rows per block
 constexpr int64_t kCols = 128;  // keys per block
-constexpr double kMasked = -1e9;
 
 // C = alpha op(A) op(B) + beta C, row-major; lda etc. are row strides.
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -95,7 +94,7 @@ Shape lead_strides(const Tensor& t, size_t nlead) {
 }
 
 // Row-major [rows x cols] scores of query rows [r0, r0 + rows) against keys [c0, c0 + cols):
-// scale * q k^T with masked entries (by the mask or by causality) set to kMasked.
+// scale * q k^T with masked entries (by the mask or by causality) set to kAttentionMasked.
 template <class T>
 void block_scores(const Layout& L, int64_t s, const T* q, const T* k, int64_t r0, int64_t rows, int64_t c0,
                   int64_t cols, T scale, T* S) {
@@ -105,11 +104,11 @@ void block_scores(const Layout& L, int64_t s, const T* q, const T* k, int64_t r0
     const bool* m = L.mask + L.m_off[s];
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
-        if (m[(r0 + r) * L.m_sq + (c0 + c) * L.m_sk]) S[r * cols + c] = static_cast<T>(kMasked);
+        if (m[(r0 + r) * L.m_sq + (c0 + c) * L.m_sk]) S[r * cols + c] = static_cast<T>(kAttentionMasked);
   }
   if (L.causal)
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = std::max<int64_t>(0, r0 + r + 1 - c0); c < cols; ++c) S[r * cols + c] = static_cast<T>(kMasked);
+      for (int64_t c = std::max<int64_t>(0, r0 + r + 1 - c0); c < cols; ++c) S[r * cols + c] = static_cast<T>(kAttentionMasked);
 }
 
 // Whether block (r0.., c0..) holds any unmasked entry under causality: key c0 <= last row.
@@ -312,7 +311,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
               if (drop.on) {
 #pragma omp simd
                 for (int64_t c = 0; c < cols; ++c) {
-                  const bool masked = Pr[c] == static_cast<T>(kMasked);
+                  const bool masked = Pr[c] == static_cast<T>(kAttentionMasked);
                   const T p = vexp((Pr[c] - row_max) - log_sum);
                   const T z = drop.keep(base + static_cast<uint32_t>(c)) ? dscale : T(0);
                   dPr[c] = masked ? T(0) : p * (dPr[c] * z - Dr);
@@ -321,7 +320,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
               } else {
 #pragma omp simd
                 for (int64_t c = 0; c < cols; ++c) {
-                  const bool masked = Pr[c] == static_cast<T>(kMasked);
+                  const bool masked = Pr[c] == static_cast<T>(kAttentionMasked);
                   const T p = vexp((Pr[c] - row_max) - log_sum);
                   dPr[c] = masked ? T(0) : p * (dPr[c] - Dr);
                   Pr[c] = p;

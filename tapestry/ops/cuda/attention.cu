@@ -21,7 +21,6 @@ namespace tapestry::kernels::cuda {
 
 namespace {
 
-constexpr double kMasked = -1e9;
 constexpr int kRowThreads = kThreads;  // one group of kThreads per row (group_reduce)
 
 template <class T> struct MaxOp {
@@ -54,7 +53,7 @@ __global__ void softmax_rows(T* scores, T* stats, const bool* mask, int64_t rows
   const bool* m = mask ? mask + row * tk : nullptr;
   T mx = -std::numeric_limits<T>::infinity();
   for (int64_t c = threadIdx.x; c < tk; c += blockDim.x) {
-    const T v = is_masked(m, causal, query, c) ? static_cast<T>(kMasked) : s[c];
+    const T v = is_masked(m, causal, query, c) ? static_cast<T>(kAttentionMasked) : s[c];
     s[c] = v;
     mx = v > mx ? v : mx;
   }
@@ -98,7 +97,7 @@ __global__ void backward_rows(T* scores, T* dprobs, const T* stats, const T* out
   const uint32_t base = static_cast<uint32_t>(row * tk);
   for (int64_t c = threadIdx.x; c < tk; c += blockDim.x) {
     const bool masked = is_masked(m, causal, query, c);
-    const T score = masked ? static_cast<T>(kMasked) : s[c];
+    const T score = masked ? static_cast<T>(kAttentionMasked) : s[c];
     const T p = vexp((score - row_max) - log_sum);
     T z = 1;
     if (drop.on) z = dropout_keeps(base + static_cast<uint32_t>(c), drop.key, drop.threshold) ? static_cast<T>(drop.scale) : T(0);
@@ -123,11 +122,8 @@ struct Prepared {
 
 Prepared prepare(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
   Prepared P;
+  check_attention_operands(op, q, k, v);
   const Shape lead(q.sizes().begin(), q.sizes().end() - 2);
-  TP_CHECK(k.dim() == q.dim() && v.dim() == q.dim() && Shape(k.sizes().begin(), k.sizes().end() - 2) == lead &&
-               Shape(v.sizes().begin(), v.sizes().end() - 2) == lead && k.size(-2) == v.size(-2) &&
-               k.size(-1) == q.size(-1),
-           "{}: q {}, k {} and v {} do not fit together", op, q.sizes(), k.sizes(), v.sizes());
   P.tq = q.size(-2), P.tk = k.size(-2), P.e = q.size(-1), P.ev = v.size(-1), P.bh = shape_numel(lead);
   P.q = contiguous(q), P.k = contiguous(k), P.v = contiguous(v);
   if (mask.defined()) {
@@ -135,7 +131,6 @@ Prepared prepare(const char* op, const Tensor& q, const Tensor& k, const Tensor&
     full.push_back(P.tq);
     full.push_back(P.tk);
     const Shape st = attention_mask_strides(op, mask, full);
-    TP_CHECK(mask.dtype() == DType::Bool, "{}: the mask must be bool, got {}", op, mask.dtype());
     P.mask = contiguous(make_tensor(mask.impl().storage, full, st, mask.offset(), DType::Bool));
   }
   return P;
@@ -208,14 +203,20 @@ bool use_tiled(const Tensor& q, const Tensor& k, const Tensor& v) {
   return score_bytes > static_cast<double>(::tapestry::cuda::auto_tiled_bytes());
 }
 
-AttentionOut tiled_attention(const char* op, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
-                             const Tensor& mask, bool is_causal, double scale, double dropout_p, uint64_t seed) {
-  const Tensor q = contiguous(q_in), k = contiguous(k_in), v = contiguous(v_in);
-  Shape out_shape = q_in.sizes();
+// The outputs of an attention over q [..., Tq, E] and v [..., Tk, Ev], uninitialised: out
+// [..., Tq, Ev] and the statistics [..., Tq, 2].
+AttentionOut empty_outputs(const Tensor& q, const Tensor& v) {
+  Shape out_shape = q.sizes();
   out_shape.back() = v.size(-1);
-  Shape lse_shape(q_in.sizes().begin(), q_in.sizes().end() - 1);
+  Shape lse_shape(q.sizes().begin(), q.sizes().end() - 1);
   lse_shape.push_back(2);
-  Tensor out = empty_on(out_shape, q.dtype(), q.device()), lse = empty_on(lse_shape, q.dtype(), q.device());
+  return {empty_on(out_shape, q.dtype(), q.device()), empty_on(lse_shape, q.dtype(), q.device())};
+}
+
+// Fills `result` (empty_outputs).
+void tiled_attention(const char* op, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& mask,
+                     bool is_causal, double scale, double dropout_p, uint64_t seed, const AttentionOut& result) {
+  const Tensor q = contiguous(q_in), k = contiguous(k_in), v = contiguous(v_in);
   dispatch_floating(q.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     Tensor mask_copy;
@@ -224,11 +225,10 @@ AttentionOut tiled_attention(const char* op, const Tensor& q_in, const Tensor& k
     tiles::with_head(P.e, P.ev, [&](auto head) {
       constexpr int kHead = decltype(head)::value;
       tiled_query_rows<T, kHead, tiles::ForwardSteps<T, kHead>><<<tiled_grid(P.tq, P.bh), tiles::kThreads, 0, stream()>>>(
-          P, out.template data_ptr<T>(), lse.template data_ptr<T>());
+          P, result.out.template data_ptr<T>(), result.lse.template data_ptr<T>());
       TP_CUDA_LAUNCHED(op);
     });
   });
-  return {out, lse};
 }
 
 AttentionGrads tiled_attention_backward(const char* op, const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in,
@@ -269,16 +269,14 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
                                           const Tensor& mask, bool is_causal, double scale, double dropout_p,
                                           uint64_t seed) {
   const char* op = "scaled_dot_product_attention";
-  if (use_tiled(q_in, k_in, v_in))
-    return tiled_attention(op, q_in, k_in, v_in, mask, is_causal, scale, dropout_p, seed);
+  const AttentionOut result = empty_outputs(q_in, v_in);
+  if (use_tiled(q_in, k_in, v_in)) {
+    tiled_attention(op, q_in, k_in, v_in, mask, is_causal, scale, dropout_p, seed, result);
+    return result;
+  }
   Prepared P = prepare(op, q_in, k_in, v_in, mask);
-  Shape out_shape = q_in.sizes();
-  out_shape.back() = P.ev;
   const Device device = q_in.device();
-  Tensor out = empty_on(out_shape, q_in.dtype(), device);
-  Shape lse_shape(q_in.sizes().begin(), q_in.sizes().end() - 1);
-  lse_shape.push_back(2);
-  Tensor lse = empty_on(lse_shape, q_in.dtype(), device);
+  Tensor out = result.out, lse = result.lse;
   if (P.bh == 0 || P.tq == 0) return {out, lse};
   if (P.tk == 0 || P.ev == 0) {  // no keys: the CPU's zeros and an empty sum
     fill_(out, 0.0);

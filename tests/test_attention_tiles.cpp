@@ -5,7 +5,7 @@
 // against the CPU kernel on every run, GPU or not. Shared memory is filled with NaN before each
 // tile is staged and the outputs start as NaN, so a read past what was staged or an output left
 // unwritten shows. What this cannot check (launch sizes, shared memory limits, the hardware) is
-// left to tests/cuda_check.cpp on a GPU, which runs both attention kernels against the CPU.
+// left to tests/device_check.cpp on a GPU, which runs both attention kernels against the CPU.
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -23,6 +23,7 @@
 #include "tapestry/models/transformer.h"
 #include "tapestry/ops/cuda.h"
 #include "tapestry/ops/profile.h"
+#include "tapestry/ops/runtime.h"
 #include "tapestry/optim/optimizer.h"
 
 namespace tapestry::tools {
@@ -94,6 +95,18 @@ std::vector<double> time_calls(int skip, int runs, const std::function<void()>& 
   return ms;
 }
 
+// Host synchronisations and kernel launches of one more call of `step` (ops/runtime.h).
+runtime::Counts count_step(const std::function<void()>& step) {
+  runtime::reset_counts();
+  step();
+  return runtime::counts();
+}
+
+void print_counts(const runtime::Counts& n) {
+  std::printf("per train step    %8lld host syncs, %lld kernel launches (%s)\n", (long long)n.syncs,
+              (long long)n.launches, device_name(bench_device).c_str());
+}
+
 // Per-op times over `o.steps` more calls of `step`, printed to stdout (stderr with --json).
 void print_profile(const BenchOptions& o, const std::function<void()>& step) {
   profile::reset();
@@ -137,6 +150,7 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   apps::Trainer trainer(model, adamw, nullptr, to);
   const std::vector<apps::TrainBatch> step_batch = {{batch * block, [&] { return model.loss(x, y); }}};
   const std::vector<double> train_ms = time_calls(o.warmup, o.steps, [&] { trainer.step(step_batch); });
+  const runtime::Counts per_step = count_step([&] { trainer.step(step_batch); });
   if (o.profile) print_profile(o, [&] { trainer.step(step_batch); });
   const std::vector<double> fwd_ms = time_calls(0, std::max(3, o.steps / 2), [&] {
     NoGradGuard no_grad;
@@ -161,9 +175,10 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   if (o.json) {
     std::printf("{\"impl\": \"tapestry\", \"device\": \"%s\", \"attention\": \"%s\", \"workload\": \"lm\", \"threads\": %d, \"train_ms_median\": %.3f, "
                 "\"train_ms_min\": %.3f, \"train_ms_max\": %.3f, \"tgt_tokens_per_s\": %.1f, \"forward_ms_median\": "
-                "%.3f, \"decode_tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, \"params\": %lld}\n",
+                "%.3f, \"decode_tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, \"params\": %lld, \"syncs_per_step\": %lld, "
+                "\"launches_per_step\": %lld}\n",
                 o.device.c_str(), o.attention.c_str(), threads, step_ms, mn, mx, tok_s, median(fwd_ms), dec_tok_s, peak_rss_mib(),
-                static_cast<long long>(model.num_parameters()));
+                static_cast<long long>(model.num_parameters()), (long long)per_step.syncs, (long long)per_step.launches);
     return 0;
   }
   std::printf("workload lm: GPT mini (%lld layers, %lld heads, d_model %lld), vocab %lld, batch %lldx%lld, "
@@ -174,6 +189,7 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   std::printf("train tokens/s    %8.0f\n", tok_s);
   std::printf("forward           %8.2f ms median\n", median(fwd_ms));
   std::printf("sampled decode    %8.0f tokens/s (KV cache, %lld tokens)\n", dec_tok_s, (long long)decoded);
+  print_counts(per_step);
   print_memory();
   return 0;
 }
@@ -228,6 +244,7 @@ int run_bench(const BenchOptions& o) {
   const std::vector<apps::TrainBatch> batch = {
       {w.batch * w.tgt_len, [&] { return model.loss(src, tgt_in, tgt_out, 0.1); }}};
   const std::vector<double> train_ms = time_calls(o.warmup, o.steps, [&] { trainer.step(batch); });
+  const runtime::Counts per_step = count_step([&] { trainer.step(batch); });
   if (o.profile) print_profile(o, [&] { trainer.step(batch); });
   const std::vector<double> fwd_ms = time_calls(0, std::max(3, o.steps / 2), [&] {
     NoGradGuard no_grad;
@@ -255,10 +272,12 @@ int run_bench(const BenchOptions& o) {
     std::printf(
         "{\"impl\": \"tapestry\", \"device\": \"%s\", \"attention\": \"%s\", \"workload\": \"%s\", \"threads\": %d, \"train_ms_median\": %.3f, \"train_ms_min\": "
         "%.3f, \"train_ms_max\": %.3f, \"tgt_tokens_per_s\": %.1f, \"train_gflops\": %.2f, \"forward_ms_median\": "
-        "%.3f, \"decode_tokens_per_s\": %.1f, \"sgemm_gflops\": %.2f, \"peak_rss_mib\": %.1f, \"params\": %lld}\n",
+        "%.3f, \"decode_tokens_per_s\": %.1f, \"sgemm_gflops\": %.2f, \"peak_rss_mib\": %.1f, \"params\": %lld, "
+        "\"syncs_per_step\": %lld, \"launches_per_step\": %lld}\n",
         o.device.c_str(), o.attention.c_str(), o.workload.c_str(), threads, step_ms, *std::min_element(train_ms.begin(), train_ms.end()),
         *std::max_element(train_ms.begin(), train_ms.end()), tok_s, train_gflops, median(fwd_ms), dec_tok_s,
-        sgemm_gflops, peak_rss_mib(), static_cast<long long>(model.num_parameters()));
+        sgemm_gflops, peak_rss_mib(), static_cast<long long>(model.num_parameters()), (long long)per_step.syncs,
+        (long long)per_step.launches);
     return 0;
   }
   std::printf("workload %s: d_model %lld, %lld+%lld layers, %lld heads, d_ff %lld, vocab %lld, batch %lldx%lldx%lld, "
@@ -275,6 +294,7 @@ int run_bench(const BenchOptions& o) {
   std::printf("greedy decode     %8.0f tokens/s (KV cache, %lld tokens)\n", dec_tok_s, (long long)decoded);
   std::printf("sgemm             %8.1f GFLOP/s (%lldx%lld @ %lldx%lld)\n", sgemm_gflops,
               (long long)(w.batch * w.tgt_len), (long long)w.d_model, (long long)w.d_model, (long long)w.d_ff);
+  print_counts(per_step);
   print_memory();
   return 0;
 }
@@ -295,7 +315,7 @@ Subcommand add_bench(CLI::App& app) {
   bench->add_flag("--json", o->json, "one JSON object on one line");
   bench->add_flag("--profile", o->profile, "also print per-op times of the train step");
   bench->add_flag("--peak", o->peak, "measure the machine's fp32 FMA peak instead");
-  bench->add_option("--device", o->device, "cpu, cuda or cuda:N")->check(device_flag())->capture_default_str();
+  bench->add_option("--device", o->device, "cpu, cuda, cuda:N, or emulated (the test device: CPU kernels, GPU rules)")->check(device_flag())->capture_default_str();
   bench->add_option("--attention", o->attention,
                     "the GPU's attention kernel: gemm (cuBLAS, holds the scores), tiled (FlashAttention-style) or "
                     "auto (tiled where the scores would take over 256 MiB)")

@@ -18,7 +18,7 @@ const CLI::Validator& device_flag() {
       [](std::string& value) -> std::string {
         try {
           const Device device = Device::parse(value);
-          if (device.is_cpu()) return "";
+          if (device.is_cpu() || device.is_emulated()) return "";  // emulated: tests (Note [Emulated device])
           if (!cuda::built()) return "'" + value + "': " + cuda::unavailable_reason();
           const int count = cuda::device_count();
           if (count == 0) return "'" + value + "': " + cuda::unavailable_reason();

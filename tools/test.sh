@@ -7,7 +7,7 @@
 #             (RelWithDebInfo), without MPI (the one-process build every user gets by default),
 #             less the `kill` loop (kept to the release stage for time)
 #   cuda      the CUDA variant (-DTAPESTRY_CUDA=ON with MPI and NCCL, nvcc from /usr/local/cuda, sm_80/90) in
-#             build-cuda/: the library, the command line and tests/cuda_check compiled and linked,
+#             build-cuda/: the library, the command line and tests/device_check compiled and linked,
 #             then ctest -L cuda, which runs every CPU-vs-GPU check on a GPU and otherwise reports
 #             itself skipped with the reason (no GPU, or no driver); without a toolkit the stage
 #             says so and is skipped
@@ -48,7 +48,7 @@ for stage in $stages; do
     cuda)
       if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
         cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DTAPESTRY_CUDA=ON -DTAPESTRY_MPI=ON >/dev/null
-        cmake --build build-cuda -j "$jobs" --target tapestry_cli cuda_check
+        cmake --build build-cuda -j "$jobs" --target tapestry_cli device_check
         build-cuda/tapestry --version
         (cd build-cuda && ctest --output-on-failure -L cuda)
       else

@@ -164,7 +164,7 @@ Subcommand add_train(CLI::App& app) {
   train->add_option("--norm", f->norm, "pre or post: where the layers put LayerNorm (copy: pre, multi30k: see README)")
       ->check(CLI::IsMember({"pre", "post"}));
   train->add_option("--threads", f->threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
-  train->add_option("--device", f->device, "cpu, cuda or cuda:N (a GPU needs a -DTAPESTRY_CUDA=ON build)")
+  train->add_option("--device", f->device, "cpu, cuda, cuda:N (a GPU needs a -DTAPESTRY_CUDA=ON build) or emulated (the test device)")
       ->check(device_flag())
       ->capture_default_str();
   train->add_option("--step-log", f->step_log,

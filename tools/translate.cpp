@@ -25,7 +25,7 @@ Subcommand add_translate(CLI::App& app) {
   translate->add_option("--beam", f->beam, "beam size")->check(positive())->capture_default_str();
   translate->add_option("--alpha", f->alpha, "length penalty")->check(real_flag(0, false))->capture_default_str();
   translate->add_flag("--greedy", f->greedy, "greedy decoding instead of beam search");
-  translate->add_option("--device", f->device, "cpu, cuda or cuda:N")->check(device_flag())->capture_default_str();
+  translate->add_option("--device", f->device, "cpu, cuda, cuda:N, or emulated (the test device: CPU kernels, GPU rules)")->check(device_flag())->capture_default_str();
   translate->add_option("--weights", f->weights,
                         "weights file in the checkpoint directory (default: model.avg.safetensors if the run averaged, "
                         "else model.safetensors)");

@@ -22,7 +22,9 @@ bool anomaly_enabled = false;
 // The first non-finite element of a floating tensor (NaN only, or NaN and inf), as a string, or "".
 std::string first_bad_value(const Tensor& t, bool nan_only) {
   if (!is_floating(t.dtype()) || t.numel() == 0) return "";
-  Tensor c = kernels::contiguous(t);
+  // Read on the host: a device tensor is copied there first (a synchronisation; anomaly mode is a
+  // debugging mode).
+  Tensor c = kernels::contiguous(kernels::to_device(t, Device::CPU));
   std::string found;
   dispatch_floating(c.dtype(), "detect_anomaly", [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -81,7 +81,7 @@ Tensor extremum_all(const char* op, const char* node, Reduce kind, const Tensor&
 ValuesIndices extremum_dim(const char* op, const char* node, Reduce kind, const Tensor& a, int64_t dim, bool keepdim) {
   if (a.dim() == 0) {
     wrap_dim(op, dim, 0);
-    ValuesIndices r{clone(a), zeros({}, DType::Int64)};
+    ValuesIndices r{clone(a), zeros({}, TensorOptions(DType::Int64, a.device()))};
     return r;
   }
   dim = wrap_dim(op, dim, a.dim());

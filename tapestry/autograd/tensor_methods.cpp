@@ -181,7 +181,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 }
 Tensor& Tensor::add_(double value) {
   if (!inplace_recorded("add_", *this, {}, [&](const Tensor& t) { return add(t, value); }))
-    kernels::binary_("add_", kernels::Binary::Add, *this, scalar_tensor(value, dtype()));
+    kernels::binary_("add_", kernels::Binary::Add, *this, scalar_tensor(value, options()));
   return *this;
 }
 Tensor& Tensor::sub_(const Tensor& other) {
@@ -191,7 +191,7 @@ Tensor& Tensor::sub_(const Tensor& other) {
 }
 Tensor& Tensor::sub_(double value) {
   if (!inplace_recorded("sub_", *this, {}, [&](const Tensor& t) { return sub(t, value); }))
-    kernels::binary_("sub_", kernels::Binary::Sub, *this, scalar_tensor(value, dtype()));
+    kernels::binary_("sub_", kernels::Binary::Sub, *this, scalar_tensor(value, options()));
   return *this;
 }
 Tensor& Tensor::mul_(const Tensor& other) {
@@ -202,7 +202,7 @@ Tensor& Tensor::mul_(const Tensor& other) {
 }
 Tensor& Tensor::mul_(double value) {
   if (!inplace_recorded("mul_", *this, {}, [&](const Tensor& t) { return mul(t, value); }))
-    kernels::binary_("mul_", kernels::Binary::Mul, *this, scalar_tensor(value, dtype()));
+    kernels::binary_("mul_", kernels::Binary::Mul, *this, scalar_tensor(value, options()));
   return *this;
 }
 Tensor& Tensor::div_(const Tensor& other) {
@@ -212,12 +212,12 @@ Tensor& Tensor::div_(const Tensor& other) {
 }
 Tensor& Tensor::div_(double value) {
   if (!inplace_recorded("div_", *this, {}, [&](const Tensor& t) { return div(t, value); }))
-    kernels::binary_("div_", kernels::Binary::Div, *this, scalar_tensor(value, dtype()));
+    kernels::binary_("div_", kernels::Binary::Div, *this, scalar_tensor(value, options()));
   return *this;
 }
 Tensor& Tensor::masked_fill_(const Tensor& mask, double value) {
   if (!inplace_recorded("masked_fill_", *this, {}, [&](const Tensor& t) { return tapestry::masked_fill(t, mask, value); }))
-    kernels::copy_(*this, kernels::where("masked_fill_", mask, scalar_tensor(value, dtype()), *this));
+    kernels::copy_(*this, kernels::where("masked_fill_", mask, scalar_tensor(value, options()), *this));
   return *this;
 }
 Tensor& Tensor::uniform_(double lo, double hi) {

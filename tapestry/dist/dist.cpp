@@ -219,7 +219,7 @@ void allreduce_(Tensor& t, ReduceOp op) {
     return;
   }
 #endif
-  if (t.device().is_cuda()) return through_host(t, [op](Tensor& host) { allreduce_(host, op); });
+  if (!t.device().is_cpu()) return through_host(t, [op](Tensor& host) { allreduce_(host, op); });
 #ifdef TAPESTRY_WITH_MPI
   TP_CHECK(t.numel() <= INT32_MAX, "dist: allreduce_: {} elements is more than one MPI call takes", t.numel());
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, t.raw_data(), static_cast<int>(t.numel()), mpi_type(t.dtype(), "allreduce_"),
@@ -256,7 +256,7 @@ void broadcast_(Tensor& t, int root) {
     return;
   }
 #endif
-  if (t.device().is_cuda()) return through_host(t, [root](Tensor& host) { broadcast_(host, root); });
+  if (!t.device().is_cpu()) return through_host(t, [root](Tensor& host) { broadcast_(host, root); });
 #ifdef TAPESTRY_WITH_MPI
   TP_CHECK(t.numel() <= INT32_MAX, "dist: broadcast_: {} elements is more than one MPI call takes", t.numel());
   check_mpi(MPI_Bcast(t.raw_data(), static_cast<int>(t.numel()), mpi_type(t.dtype(), "broadcast_"), root,
@@ -344,7 +344,7 @@ struct GradReducer::Impl {
     // GPU buckets never overlap (see the constructor): allreduce_ takes them at once, through NCCL
     // on the stream or a host copy. The request stays MPI_REQUEST_NULL: MPI_Test and MPI_Wait
     // return at once.
-    if (b.flat.device().is_cuda()) return allreduce_(b.flat, ReduceOp::Sum);
+    if (!b.flat.device().is_cpu()) return allreduce_(b.flat, ReduceOp::Sum);
 #ifdef TAPESTRY_WITH_MPI
     TP_CHECK(b.numel <= INT32_MAX, "dist: GradReducer: a bucket of {} elements is more than one MPI call takes", b.numel);
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, b.flat.raw_data(), static_cast<int>(b.numel),
@@ -442,7 +442,7 @@ GradReducer::GradReducer(std::vector<Tensor> params, size_t bucket_bytes, size_t
   for (const Tensor& p : m.params) {
     if (!m.overlap) break;
     if (!p.requires_grad() || !p.is_leaf()) m.overlap = false, m.overlap_note = "a parameter takes no gradient";
-    else if (p.device().is_cuda()) m.overlap = false, m.overlap_note = "the parameters are on a GPU";
+    else if (!p.device().is_cpu()) m.overlap = false, m.overlap_note = "the parameters are on " + device_name(p.device());
   }
   if (!m.overlap) return;
   Impl* self = &m;

@@ -44,7 +44,7 @@ bool allow_tf32();
 //          run Gemm).
 //   Auto:  the default: Tiled where Gemm's scores would take more than auto_tiled_bytes(),
 //          otherwise Gemm.
-// Both give the CPU's results (tests/cuda_check.cpp runs both); docs/cuda.md says what has run.
+// Both give the CPU's results (tests/device_check.cpp runs both); docs/cuda.md says what has run.
 enum class AttentionKernel { Auto, Gemm, Tiled };
 void set_attention_kernel(AttentionKernel kernel);
 AttentionKernel attention_kernel();

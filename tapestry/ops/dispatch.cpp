@@ -10,6 +10,7 @@
 #include "tapestry/ops/cuda.h"
 #include "tapestry/ops/factory.h"
 #include "tapestry/ops/profile.h"
+#include "tapestry/ops/runtime.h"
 
 namespace tapestry::kernels {
 
@@ -42,6 +43,30 @@ void check_writable(const char* op, const Tensor& dst) {
     TP_CHECK(dst.stride(d) != 0 || dst.size(d) <= 1,
              "{}: the destination of shape {} (strides {}) is an expanded view whose elements share memory; "
              "clone() it first", op, dst.sizes(), dst.strides());
+}
+
+// The element range [first, last] of t in its storage, in bytes.
+std::pair<int64_t, int64_t> byte_range(const Tensor& t) {
+  int64_t lo = t.offset(), hi = t.offset();
+  for (int64_t d = 0; d < t.dim(); ++d) (t.stride(d) < 0 ? lo : hi) += (t.size(d) - 1) * t.stride(d);
+  const auto size = static_cast<int64_t>(dtype_size(t.dtype()));
+  return {lo * size, hi * size + size - 1};
+}
+
+// An in-place write whose source shares some but not all of the destination's memory (a.add_(a.t()),
+// a.copy_(a[0])) reads elements the kernel has already written: sequential on the CPU, a race on a
+// GPU. PyTorch refuses these; so do we, on every device. The same view (a.mul_(a)) is fine.
+void check_no_partial_overlap(const char* op, const Tensor& dst, const Tensor& src) {
+  if (dst.storage() != src.storage() || dst.numel() == 0 || src.numel() == 0) return;
+  if (dst.offset() == src.offset() && dst.sizes() == src.sizes() && dst.strides() == src.strides() &&
+      dst.dtype() == src.dtype())
+    return;
+  auto [dlo, dhi] = byte_range(dst);
+  auto [slo, shi] = byte_range(src);
+  TP_CHECK(shi < dlo || dhi < slo,
+           "{}: unsupported operation: some elements of the source (shape {}, strides {}) and the destination "
+           "(shape {}, strides {}) refer to the same memory; clone() the source first", op, src.sizes(),
+           src.strides(), dst.sizes(), dst.strides());
 }
 
 void check_binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
@@ -79,7 +104,8 @@ Device device_of_all(const char* op, const std::vector<Tensor>& tensors) {
 }  // namespace
 
 // TP_ROUTE(op, device, call): call the entry `call` of the backend for `device`. A CUDA call first
-// makes the tensors' GPU the current one.
+// makes the tensors' GPU the current one; an emulated call runs the CPU kernel inside an
+// EmulatedKernel scope (the one place the host may read that device's memory; a launch).
 #ifdef TAPESTRY_WITH_CUDA
 #define TP_ROUTE(op, device, call)                                          \
   do {                                                                      \
@@ -88,13 +114,22 @@ Device device_of_all(const char* op, const std::vector<Tensor>& tensors) {
       ::tapestry::cuda::detail::set_device(tp_device);                      \
       return cuda::call;                                                    \
     }                                                                       \
+    if (tp_device.is_emulated()) {                                          \
+      ::tapestry::runtime::EmulatedKernel tp_kernel;                        \
+      return cpu::call;                                                     \
+    }                                                                       \
     return cpu::call;                                                       \
   } while (0)
 #else
-#define TP_ROUTE(op, device, call)                        \
-  do {                                                    \
-    if ((device).is_cuda()) no_cuda_backend(op);          \
-    return cpu::call;                                     \
+#define TP_ROUTE(op, device, call)                                          \
+  do {                                                                      \
+    const Device tp_device = (device);                                      \
+    if (tp_device.is_cuda()) no_cuda_backend(op);                           \
+    if (tp_device.is_emulated()) {                                          \
+      ::tapestry::runtime::EmulatedKernel tp_kernel;                        \
+      return cpu::call;                                                     \
+    }                                                                       \
+    return cpu::call;                                                       \
   } while (0)
 #endif
 
@@ -111,6 +146,7 @@ void binary_(const char* op, Binary kind, Tensor& a, const Tensor& b) {
   Shape shape = broadcast_shapes(op, a.sizes(), b.sizes());
   TP_CHECK(shape == a.sizes(), "{}: in-place result of shape {} does not fit the destination of shape {}", op, shape,
            a.sizes());
+  check_no_partial_overlap(op, a, b);
   TP_ROUTE(op, device, binary_(op, kind, a, b));
 }
 Tensor unary(const char* op, Unary kind, const Tensor& a, double p0, double p1) {
@@ -131,14 +167,22 @@ void copy_(const Tensor& dst, const Tensor& src) {
   TP_CHECK(shape == dst.sizes(), "copy_: source of shape {} cannot be broadcast to the destination shape {}",
            src.sizes(), dst.sizes());
   check_writable("copy_", dst);
+  check_no_partial_overlap("copy_", dst, src);
   if (dst.device() == src.device()) TP_ROUTE("copy_", dst.device(), copy_(dst, src));
   // Across devices: src made contiguous in dst's dtype on its own device, its bytes copied to a
   // contiguous buffer on dst's device (dst itself when it fits), then broadcast into dst there.
   Tensor staged = contiguous(to_dtype(src, dst.dtype()));
   const bool direct = dst.is_contiguous() && dst.sizes() == src.sizes();
   Tensor landing = direct ? dst : empty(src.sizes(), TensorOptions(dst.dtype(), dst.device()));
-  ::tapestry::cuda::detail::copy_bytes(landing.raw_data(), landing.device(), staged.raw_data(), staged.device(),
-                           static_cast<size_t>(staged.numel()) * dtype_size(staged.dtype()));
+  {
+    // The host waits for the copy (the CUDA runtime synchronises both ways: ops/cuda/runtime.cu),
+    // unless it is part of an emulated kernel's own work.
+    const bool in_kernel = runtime::detail::emulated_kernel_depth.load(std::memory_order_relaxed) > 0;
+    if (!in_kernel) runtime::count_sync();
+    runtime::EmulatedKernel copying(false);  // the runtime's own copy may touch emulated memory
+    ::tapestry::cuda::detail::copy_bytes(landing.raw_data(), landing.device(), staged.raw_data(), staged.device(),
+                                         static_cast<size_t>(staged.numel()) * dtype_size(staged.dtype()));
+  }
   if (direct) dst.impl().storage->version++;
   else copy_(dst, landing);
 }

@@ -11,27 +11,37 @@ namespace tapestry {
 // Bool is the element type of masks (comparisons, where, masked_fill); stored as one byte.
 enum class DType : uint8_t { Float32, Float64, Int64, Bool };
 
-// Where a tensor's memory lives: the CPU, or GPU number `index` of the CUDA backend (a build
-// with -DTAPESTRY_CUDA=ON). Device::CPU and Device::CUDA (GPU 0) read as PyTorch's strings do.
-enum class DeviceType : uint8_t { CPU, CUDA };
+// Where a tensor's memory lives: the CPU, GPU number `index` of the CUDA backend (a build with
+// -DTAPESTRY_CUDA=ON), or the emulated device. Device::CPU and Device::CUDA (GPU 0) read as
+// PyTorch's strings do.
+// Note [Emulated device]: Device::Emulated ("emulated") is in every build and exists for tests. Its
+// kernels are the CPU kernels, but its tensors are another device in every respect the engine
+// checks: mixing them with CPU tensors is an Error, to() copies, item()/to_vector() count as
+// synchronisations, and reading its memory from the host outside a kernel (a data_ptr() or
+// raw_data() in glue code) throws an Error (ops/runtime.h). So the device-placement mistakes a
+// GPU run would hit fail on a CPU machine, in CI, before any GPU time is spent.
+enum class DeviceType : uint8_t { CPU, CUDA, Emulated };
 struct Device {
   DeviceType type = DeviceType::CPU;
   int16_t index = 0;  // which GPU; always 0 for the CPU
 
   constexpr Device() = default;
-  constexpr Device(DeviceType t, int i = 0) : type(t), index(static_cast<int16_t>(t == DeviceType::CPU ? 0 : i)) {}  // NOLINT
+  constexpr Device(DeviceType t, int i = 0) : type(t), index(static_cast<int16_t>(t == DeviceType::CUDA ? i : 0)) {}  // NOLINT
   static const Device CPU;
   static const Device CUDA;
-  // "cpu", "cuda", "cuda:1"; anything else throws an Error naming the string.
+  static const Device Emulated;
+  // "cpu", "cuda", "cuda:1", "emulated"; anything else throws an Error naming the string.
   static Device parse(std::string_view name);
 
   bool is_cpu() const { return type == DeviceType::CPU; }
   bool is_cuda() const { return type == DeviceType::CUDA; }
+  bool is_emulated() const { return type == DeviceType::Emulated; }
   friend constexpr bool operator==(Device a, Device b) { return a.type == b.type && a.index == b.index; }
   friend constexpr bool operator!=(Device a, Device b) { return !(a == b); }
 };
 inline constexpr Device Device::CPU{DeviceType::CPU, 0};
 inline constexpr Device Device::CUDA{DeviceType::CUDA, 0};
+inline constexpr Device Device::Emulated{DeviceType::Emulated, 0};
 
 constexpr DType kFloat32 = DType::Float32;
 constexpr DType kFloat64 = DType::Float64;
@@ -48,11 +58,14 @@ inline const char* dtype_name(DType t) {
   return "?";
 }
 inline std::string device_name(Device d) {
-  return d.is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(d.index);
+  if (d.is_cpu()) return "cpu";
+  if (d.is_emulated()) return "emulated";
+  return "cuda:" + std::to_string(d.index);
 }
 inline Device Device::parse(std::string_view name) {
   if (name == "cpu") return CPU;
   if (name == "cuda") return CUDA;
+  if (name == "emulated") return Emulated;
   if (name.substr(0, 5) == "cuda:" && name.size() > 5 && name.size() <= 8) {
     int index = 0;
     for (char c : name.substr(5)) {
@@ -62,7 +75,7 @@ inline Device Device::parse(std::string_view name) {
     }
     if (index >= 0) return Device(DeviceType::CUDA, index);
   }
-  throw Error(fmt::format("device: '{}' is not a device; expected cpu, cuda or cuda:N", name));
+  throw Error(fmt::format("device: '{}' is not a device; expected cpu, cuda, cuda:N or emulated", name));
 }
 
 inline size_t dtype_size(DType t) {

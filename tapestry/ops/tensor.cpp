@@ -10,6 +10,7 @@
 #include "tapestry/ops/cuda.h"
 #include "tapestry/ops/factory.h"
 #include "tapestry/ops/kernels.h"
+#include "tapestry/ops/runtime.h"
 
 namespace tapestry {
 
@@ -87,6 +88,7 @@ bool Tensor::is_contiguous() const {
 }
 
 void* Tensor::raw_data() const {
+  runtime::check_host_access("data_ptr", device());  // the emulated device: only its kernels may (ops/runtime.h)
   if (numel() == 0) return impl().storage->data;  // addresses nothing; the offset of an empty view may be anything
   return static_cast<char*>(impl().storage->data) + impl().offset * static_cast<int64_t>(dtype_size(dtype()));
 }

@@ -172,12 +172,12 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
   Layout L = make_layout(op, q, k, v, m, is_causal);
   Shape out_shape = q.sizes();
   out_shape.back() = L.ev;
-  Tensor out = zeros(out_shape, q.dtype());
+  Tensor out = zeros(out_shape, q.options());
   // Per query row: the score maximum and the log of the sum of exp(score - maximum), kept apart:
   // in float32, -1e9 + log(Tk) (a fully masked row) would round back to -1e9.
   Shape lse_shape(q.sizes().begin(), q.sizes().end() - 1);
   lse_shape.push_back(2);
-  Tensor lse = empty(lse_shape, q.dtype());
+  Tensor lse = empty(lse_shape, q.options());
   if (L.bh == 0 || L.tq == 0) return {out, lse};
   const DropoutMask drop(dropout_p, seed);
   const int64_t row_blocks = (L.tq + kRows - 1) / kRows;
@@ -259,7 +259,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
   const std::vector<int64_t> do_off =
       lead_offsets(Shape(dout.sizes().begin(), dout.sizes().end() - 2), lead_strides(dout, static_cast<size_t>(dout.dim() - 2)));
   const int64_t do_ld = std::max({dout.stride(-2), L.ev, int64_t(1)});
-  Tensor dq = zeros(q.sizes(), q.dtype()), dk = zeros(k.sizes(), k.dtype()), dv = zeros(v.sizes(), v.dtype());
+  Tensor dq = zeros(q.sizes(), q.options()), dk = zeros(k.sizes(), k.options()), dv = zeros(v.sizes(), v.options());
   if (L.bh == 0 || L.tq == 0 || L.tk == 0) return {dq, dk, dv};
   const DropoutMask drop(dropout_p, seed);
 

@@ -55,7 +55,7 @@ void run_binary(Binary kind, const Tensor& out, const Tensor& a, const Tensor& b
 Tensor binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
   TP_PROFILE(op);
   Shape shape = broadcast_shapes(op, a.sizes(), b.sizes());
-  Tensor out = empty(shape, is_comparison(kind) ? DType::Bool : a.dtype());
+  Tensor out = empty(shape, TensorOptions(is_comparison(kind) ? DType::Bool : a.dtype(), a.device()));
   run_binary(kind, out, a, b);
   return out;
 }
@@ -88,7 +88,7 @@ void unary_loop(const Tensor& out, const Tensor& a, Op op) {
 
 Tensor unary(const char* op, Unary kind, const Tensor& a, double p0, double p1) {
   TP_PROFILE(op);
-  Tensor out = empty(a.sizes(), a.dtype());
+  Tensor out = empty(a.sizes(), a.options());
   auto run = [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_unary_op(kind, p0, p1, [&](auto op) {
@@ -103,7 +103,7 @@ Tensor unary(const char* op, Unary kind, const Tensor& a, double p0, double p1) 
 Tensor where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& b) {
   TP_PROFILE(op);
   Shape shape = broadcast_shapes(op, broadcast_shapes(op, cond.sizes(), a.sizes()), b.sizes());
-  Tensor out = empty(shape, a.dtype());
+  Tensor out = empty(shape, a.options());
   dispatch(a.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* po = out.data_ptr<T>();
@@ -164,7 +164,7 @@ namespace {
 // Random fills draw sequentially in row-major order, into a contiguous buffer when needed.
 template <class Draw>
 void random_fill(const char* op, const Tensor& dst, Draw draw) {
-  Tensor buf = dst.is_contiguous() ? dst : empty(dst.sizes(), dst.dtype());
+  Tensor buf = dst.is_contiguous() ? dst : empty(dst.sizes(), dst.options());
   dispatch_numeric(dst.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* p = buf.data_ptr<T>();
@@ -188,7 +188,7 @@ void dropout_run(const T* x, T* out, int64_t n, uint32_t start, uint32_t key, ui
 Tensor dropout(const Tensor& x_in, double p, uint64_t seed) {
   TP_PROFILE("dropout");
   Tensor x = contiguous(x_in);
-  Tensor out = empty(x.sizes(), x.dtype());
+  Tensor out = empty(x.sizes(), x.options());
   const uint32_t threshold = dropout_threshold(p);
   dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -30,7 +30,7 @@ Tensor index_select(const char* op, const Tensor& a_in, int64_t dim, const Tenso
   Tensor a = contiguous(a_in), index = contiguous(index_in);
   Shape out_shape = a.sizes();
   if (!out_shape.empty()) out_shape[dim] = index.numel();
-  Tensor out = empty(out_shape, a.dtype());
+  Tensor out = empty(out_shape, a.options());
   DimSplit s = split_at(a.sizes(), dim);
   const int64_t m = index.numel();
   const int64_t* pi = index.data_ptr<int64_t>();
@@ -55,7 +55,7 @@ Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index_in, const 
   // Callers pass indices their forward checked, but as a kernel entry it must never write out of
   // bounds (one pass over the indices).
   check_index("index_add", index, shape.empty() ? 1 : shape[dim], dim, shape);
-  Tensor out = zeros(shape, src.dtype());
+  Tensor out = zeros(shape, src.options());
   DimSplit s = split_at(shape, dim);
   const int64_t m = index.numel();
   const int64_t* pi = index.data_ptr<int64_t>();
@@ -97,7 +97,7 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   dim = wrap_dim("gather", dim, a.dim());
   check_gather_shapes("gather", a.sizes(), dim, index);
   check_index("gather", index, a.dim() == 0 ? 1 : a.size(dim), dim, a.sizes());
-  Tensor out = empty(index.sizes(), a.dtype());
+  Tensor out = empty(index.sizes(), a.options());
   Shape a_strides = a.strides();
   const int64_t dim_stride = a.dim() == 0 ? 0 : a_strides[dim];
   if (a.dim() > 0) a_strides[dim] = 0;
@@ -122,7 +122,7 @@ Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const T
   check_index("scatter_add", index, shape.empty() ? 1 : shape[dim], dim, shape);
   TP_CHECK(src.sizes() == index.sizes(), "scatter_add: src shape {} must equal index shape {}", src.sizes(),
            index.sizes());
-  Tensor out = zeros(shape, src.dtype());
+  Tensor out = zeros(shape, src.options());
   Shape o_strides = out.strides();
   const int64_t dim_stride = shape.empty() ? 0 : o_strides[dim];
   if (!shape.empty()) o_strides[dim] = 0;

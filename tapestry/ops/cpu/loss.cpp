@@ -27,7 +27,7 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
   Tensor logits = contiguous(logits_in), target = contiguous(target_in);
   const int64_t N = logits.size(0), V = logits.size(1);
   Smoothing q = smoothing_for(eps, V, ignore_index);
-  CrossEntropyOut out{Tensor(), empty({N}, logits.dtype()), 0};
+  CrossEntropyOut out{Tensor(), empty({N}, logits.options()), 0};
   std::vector<double> row_loss(static_cast<size_t>(N), 0.0);
   const int64_t* pt = target.data_ptr<int64_t>();
   dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
@@ -82,7 +82,7 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
     total += row_loss[static_cast<size_t>(r)];
     out.count += pt[r] != ignore_index;
   }
-  out.loss_sum = scalar_tensor(total, logits.dtype());
+  out.loss_sum = scalar_tensor(total, logits.options());
   return out;
 }
 
@@ -92,7 +92,7 @@ Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, 
   Tensor logits = contiguous(logits_in), target = contiguous(target_in);
   const int64_t N = logits.size(0), V = logits.size(1);
   Smoothing q = smoothing_for(eps, V, ignore_index);
-  Tensor grad = empty({N, V}, logits.dtype());
+  Tensor grad = empty({N, V}, logits.options());
   const int64_t* pt = target.data_ptr<int64_t>();
   dispatch_floating(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -44,7 +44,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     lb = gemm_layout(K, N, b.stride(-2), b.stride(-1));
   }
   dispatch_floating(a.dtype(), "matmul", [](auto) {});
-  Tensor out = empty(out_shape, a.dtype());
+  Tensor out = empty(out_shape, a.options());
   if (K == 0) fill_(out, 0.0);
   if (K == 0 || out.numel() == 0) return out;
 

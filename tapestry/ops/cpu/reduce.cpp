@@ -88,7 +88,7 @@ Tensor sum_of_squares(const Tensor& a_in) {
   });
   double total = 0;
   for (double v : partial) total += v;
-  return scalar_tensor(total, DType::Float64);
+  return scalar_tensor(total, TensorOptions(DType::Float64, a.device()));
 }
 
 Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
@@ -114,7 +114,7 @@ Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<in
     TP_CHECK(!red_empty, "{}: cannot reduce an empty dimension (input shape {}, dims {})", op, a.sizes(), dims);
   const int64_t n_out = shape_numel(kept.shape);
   DType out_dtype = (kind == Reduce::Sum && !is_floating(a.dtype())) ? DType::Int64 : a.dtype();
-  Tensor out = empty(out_shape, out_dtype);
+  Tensor out = empty(out_shape, TensorOptions(out_dtype, a.device()));
   if (n_out == 0) return out;
   if (red_empty) {  // a sum over nothing; the empty input's strides address nothing, so never walk them
     fill_(out, 0.0);
@@ -225,8 +225,8 @@ std::pair<Tensor, Tensor> reduce_with_index(const char* op, Reduce kind, const T
     kept.strides.push_back(a.stride(d));
     out_shape.push_back(a.size(d));
   }
-  Tensor values = empty(out_shape, a.dtype());
-  Tensor indices = empty(out_shape, DType::Int64);
+  Tensor values = empty(out_shape, a.options());
+  Tensor indices = empty(out_shape, TensorOptions(DType::Int64, a.device()));
   dispatch_numeric(a.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* pa = a.data_ptr<T>();
@@ -260,7 +260,7 @@ Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
   dim = wrap_dim(op, dim, a_in.dim());
   Tensor a = contiguous(a_in);
-  Tensor out = empty(a.sizes(), a.dtype());
+  Tensor out = empty(a.sizes(), a.options());
   DimSplit rv = split_at(a.sizes(), dim);
   dispatch_floating(a.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -307,7 +307,7 @@ Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bo
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
   dim = wrap_dim(op, dim, y_in.dim());
   Tensor y = contiguous(y_in), dy = contiguous(dy_in);
-  Tensor dx = empty(y.sizes(), y.dtype());
+  Tensor dx = empty(y.sizes(), y.options());
   DimSplit rv = split_at(y.sizes(), dim);
   dispatch_floating(y.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -345,7 +345,7 @@ LayerNormOut layer_norm(const Tensor& x_in, int64_t norm_dims, const Tensor& wei
   for (int64_t d = x.dim() - norm_dims; d < x.dim(); ++d) n *= x.size(d);
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   Shape row_shape(x.sizes().begin(), x.sizes().end() - norm_dims);
-  LayerNormOut r{empty(x.sizes(), x.dtype()), empty(row_shape, x.dtype()), empty(row_shape, x.dtype())};
+  LayerNormOut r{empty(x.sizes(), x.options()), empty(row_shape, x.options()), empty(row_shape, x.options())};
   Tensor w = weight.defined() ? contiguous(weight) : weight, b = bias.defined() ? contiguous(bias) : bias;
   dispatch_floating(x.dtype(), "layer_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -387,7 +387,7 @@ LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, cons
   for (int64_t d = x.dim() - norm_dims; d < x.dim(); ++d) n *= x.size(d);
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   Shape norm_shape(x.sizes().end() - norm_dims, x.sizes().end());
-  LayerNormGrads g{empty(x.sizes(), x.dtype()), Tensor(), Tensor()};
+  LayerNormGrads g{empty(x.sizes(), x.options()), Tensor(), Tensor()};
   Tensor w = weight.defined() ? contiguous(weight) : weight;
   dispatch_floating(x.dtype(), "layer_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -432,8 +432,8 @@ LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, cons
           }
       }
     });
-    g.dweight = empty(norm_shape, x.dtype());
-    g.dbias = empty(norm_shape, x.dtype());
+    g.dweight = empty(norm_shape, x.options());
+    g.dbias = empty(norm_shape, x.options());
     T* gw = g.dweight.data_ptr<T>();
     T* gb = g.dbias.data_ptr<T>();
     for (int64_t i = 0; i < n; ++i) {

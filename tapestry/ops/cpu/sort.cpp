@@ -75,7 +75,7 @@ Tensor triangle(const char* op, const Tensor& a, int64_t diagonal, bool upper) {
   TP_PROFILE(op);
   TP_CHECK(a.dim() >= 2, "{}: expected a tensor of at least 2 dims (a matrix or a batch of them), got shape {}", op,
            a.sizes());
-  Tensor out = empty(a.sizes(), a.dtype());
+  Tensor out = empty(a.sizes(), a.options());
   const int64_t numel = out.numel();
   if (numel == 0) return out;
   const int64_t nd = a.dim();
@@ -114,7 +114,7 @@ Tensor cumsum(const Tensor& a_in, int64_t dim, bool reverse) {
   TP_PROFILE(op);
   dim = wrap_dim(op, dim, a_in.dim());
   const DType out_dtype = is_floating(a_in.dtype()) ? a_in.dtype() : DType::Int64;
-  Tensor out = empty(a_in.sizes(), out_dtype);
+  Tensor out = empty(a_in.sizes(), TensorOptions(out_dtype, a_in.device()));
   if (out.numel() == 0) return out;
   Tensor a = contiguous(a_in);
   const Rows rv = rows_of(a.sizes(), dim);
@@ -152,8 +152,8 @@ std::pair<Tensor, Tensor> sort(const Tensor& a_in, int64_t dim, bool descending,
   TP_PROFILE("sort");
   dim = wrap_dim("sort", dim, a_in.dim());
   (void)stable;  // always stable: ties are ordered by index
-  Tensor values = empty(a_in.sizes(), a_in.dtype());
-  Tensor indices = empty(a_in.sizes(), DType::Int64);
+  Tensor values = empty(a_in.sizes(), a_in.options());
+  Tensor indices = empty(a_in.sizes(), TensorOptions(DType::Int64, a_in.device()));
   if (values.numel() == 0) return {values, indices};
   Tensor a = contiguous(a_in);
   const Rows rv = rows_of(a.sizes(), dim);
@@ -192,8 +192,8 @@ std::pair<Tensor, Tensor> topk(const Tensor& a_in, int64_t k, int64_t dim, bool 
   const int64_t kk = scalar ? 1 : k;
   Shape out_shape = a_in.sizes();
   if (!scalar) out_shape[dim] = k;
-  Tensor values = empty(out_shape, a_in.dtype());
-  Tensor indices = empty(out_shape, DType::Int64);
+  Tensor values = empty(out_shape, a_in.options());
+  Tensor indices = empty(out_shape, TensorOptions(DType::Int64, a_in.device()));
   if (values.numel() == 0) return {values, indices};
   Tensor a = contiguous(a_in);
   const Rows in_rows = rows_of(a.sizes(), dim);
@@ -240,7 +240,7 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, s
            "multinomial: cannot draw {} samples without replacement from {} categories (probabilities of shape {})",
            num_samples, n_cats, probs.sizes());
   Shape out_shape = probs.dim() == 2 ? Shape{n_rows, num_samples} : Shape{num_samples};
-  Tensor out = empty(out_shape, DType::Int64);
+  Tensor out = empty(out_shape, TensorOptions(DType::Int64, probs.device()));
   if (n_rows == 0) return out;
 
   // Every row as float64 weights, checked before the first draw.

@@ -15,6 +15,7 @@
 #include "tapestry/ops/cuda.h"
 #include "tapestry/ops/factory.h"
 #include "tapestry/ops/math.h"
+#include "tapestry/ops/runtime.h"
 
 namespace tapestry::kernels::cuda {
 
@@ -36,7 +37,12 @@ namespace tapestry::kernels::cuda {
       ::tapestry::kernels::cuda::throw_cublas_error(tp_cublas_status, #call, op);       \
   } while (0)
 // After every kernel launch: a bad launch configuration is reported here, naming the op.
-#define TP_CUDA_LAUNCHED(op) TP_CUDA_CHECK(cudaGetLastError(), op)
+// Each launch is counted (ops/runtime.h: tapestry bench reports launches per step).
+#define TP_CUDA_LAUNCHED(op)             \
+  do {                                   \
+    ::tapestry::runtime::count_launch(); \
+    TP_CUDA_CHECK(cudaGetLastError(), op); \
+  } while (0)
 
 namespace tapestry::kernels::cuda {
 

@@ -24,6 +24,7 @@ void gemm_batched(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t
                ldb <= INT32_MAX && ldc <= INT32_MAX,
            "{}: a matrix dimension, leading dimension or batch count above 2^31 is beyond cuBLAS", op);
   // Column-major C^T (N x M) = op(B)^T (N x K) op(A)^T (K x M).
+  runtime::count_launch();
   TP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
                                              static_cast<int>(M), static_cast<int>(K), &a, B, type,

@@ -166,6 +166,7 @@ std::string unavailable_reason() {
 
 void synchronize(Device device) {
   if (!device.is_cuda()) return;
+  runtime::count_sync();
   detail::set_device(device);
   kernels::cuda::sync_and_check(state_of(device.index), "synchronize");
 }
@@ -275,18 +276,18 @@ void release(void* ptr, size_t, Device device) noexcept {
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
   if (nbytes == 0) return;
-  if (dst_device.is_cpu() && src_device.is_cpu()) {
+  if (!dst_device.is_cuda() && !src_device.is_cuda()) {  // host memory both (the emulated device's is)
     std::memcpy(dst, src, nbytes);
     return;
   }
-  if (src_device.is_cuda() && dst_device.is_cpu()) {  // to the host: wait, then report device errors
+  if (src_device.is_cuda() && !dst_device.is_cuda()) {  // to the host: wait, then report device errors
     set_device(src_device);
     DeviceState& s = state_of(src_device.index);
     TP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s.stream), "copy_");
     kernels::cuda::sync_and_check(s, "copy_");
     return;
   }
-  if (src_device.is_cpu()) {  // from the host: synchronous, since the host buffer may go away next
+  if (!src_device.is_cuda()) {  // from the host: synchronous, since the host buffer may go away next
     set_device(dst_device);
     DeviceState& s = state_of(dst_device.index);
     TP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, s.stream), "copy_");

@@ -14,6 +14,8 @@
 #   5. resuming with another process count is refused with a clear message, unless --reshard
 #      (which goes on from the checkpoint written before the kill);
 #   6. the copy task trains on 2 ranks too.
+#   1c (run after 1b): on the emulated device (ops/dtype.h), the Trainer with clipping and
+#      accumulation on 1 process, and 2 ranks, end with the CPU's weights to the bit.
 #   tests/dist.sh DIST_CHECK TAPESTRY MPIRUN SOURCE_DIR
 set -euo pipefail
 check="$1" cli="$2" mpirun="$3" src="$4"
@@ -41,6 +43,12 @@ echo "== 1b. the same with 2 batches per optimizer step, and with the all-reduce
 "$check" compare "$work/one_acc.safetensors" "$work/two_acc.safetensors" 1e-9 || fail "float64 weights differ (accumulate 2)"
 "${mpi[@]}" -x TAPESTRY_ALLREDUCE_OVERLAP=0 "$check" train "$work/two_no_overlap.safetensors" float64
 "$check" compare "$work/one_float64.safetensors" "$work/two_no_overlap.safetensors" 1e-9 || fail "float64 weights differ (no overlap)"
+
+echo "== 1c. the emulated device: 1 process (accumulate 2, clipping) and 2 ranks against the CPU's runs, to the bit"
+DIST_CHECK_DEVICE=emulated "$check" train "$work/one_acc_emulated.safetensors" float64 2
+"$check" compare "$work/one_acc.safetensors" "$work/one_acc_emulated.safetensors" 0 || fail "emulated weights differ (1 process)"
+"${mpi[@]}" -x DIST_CHECK_DEVICE=emulated "$check" train "$work/two_emulated.safetensors" float32
+"$check" compare "$work/two_float32.safetensors" "$work/two_emulated.safetensors" 0 || fail "emulated weights differ (2 ranks)"
 
 echo "== 3. tapestry train --task lm on 2 ranks vs 1 process"
 lm=(train --task lm --tokenizer byte --config tiny --data "$src/README.md" --val "$src/docs/benchmarks.md" --block 32

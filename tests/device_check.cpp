@@ -607,10 +607,13 @@ void check_runtime(Device device) {
 
 // The budget of one train step of the bench's `base` workload (tools/bench.cpp: Transformer base,
 // vocabulary 37000, batch 32 x 32, dropout 0.1, Adam, the Trainer's step with its non-finite
-// guard): host synchronisations and kernel launches, as tapestry bench --json reports them.
-// Lower them when the step needs fewer; never raise them to let a change in.
-constexpr int64_t kSyncBudget = 1000000;
-constexpr int64_t kLaunchBudget = 1000000;
+// guard): host synchronisations on every device, and kernel launches on the emulated device (one per
+// kernel entry; a GPU's count is reported, not held: some entries launch two or three kernels).
+// Measured 2 syncs (the loss read, the gradient norm) and 1,140 launches; PyTorch's eager step on
+// a GPU makes about 1,500 (issue 22). Lower them when the step needs fewer; never raise them to let
+// a change in.
+constexpr int64_t kSyncBudget = 2;
+constexpr int64_t kLaunchBudget = 1150;
 
 void check_step_budget(Device device) {
   models::TransformerConfig c;
@@ -636,7 +639,7 @@ void check_step_budget(Device device) {
   const runtime::Counts n = runtime::counts();
   expect(n.syncs <= kSyncBudget, fmt::format("the base train step on {} synchronises {} times (budget {})",
                                              device_name(device), n.syncs, kSyncBudget));
-  expect(n.launches <= kLaunchBudget, fmt::format("the base train step on {} launches {} kernels (budget {})",
+  expect(!device.is_emulated() || n.launches <= kLaunchBudget, fmt::format("the base train step on {} launches {} kernels (budget {})",
                                                   device_name(device), n.launches, kLaunchBudget));
   std::printf("device_check: the base train step on %s: %lld syncs (budget %lld), %lld launches (budget %lld)\n",
               device_name(device).c_str(), (long long)n.syncs, (long long)kSyncBudget, (long long)n.launches,

@@ -7,14 +7,13 @@ namespace tapestry {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothing, int64_t ignore_index,
                      Reduction reduction) {
-  auto r = kernels::cross_entropy(logits, target, smoothing, ignore_index);
-  double scale = reduction == Reduction::Mean ? (r.count > 0 ? 1.0 / static_cast<double>(r.count) : 0.0) : 1.0;
-  Tensor loss = kernels::binary("cross_entropy", kernels::Binary::Mul, r.loss_sum, scalar_tensor(scale, logits.options()));
-  if (!any_requires_grad({logits})) return loss;
+  // The count and the scale stay on the logits' device: no synchronisation, forward or backward.
+  auto r = kernels::cross_entropy(logits, target, smoothing, ignore_index, reduction == Reduction::Mean);
+  if (!any_requires_grad({logits})) return r.loss;
   SavedTensor sx(logits, "CrossEntropyBackward"), st(target, "CrossEntropyBackward");
-  Tensor lse = r.lse;
-  return record("CrossEntropyBackward", loss, {logits}, [sx, st, lse, smoothing, ignore_index, scale](const Tensor& g) {
-    double gs = scale * g.item<double>();
+  Tensor lse = r.lse, scale = r.scale;
+  return record("CrossEntropyBackward", r.loss, {logits}, [sx, st, lse, smoothing, ignore_index, scale](const Tensor& g) {
+    Tensor gs = kernels::binary("cross_entropy", kernels::Binary::Mul, scale, g);
     return TensorList{kernels::cross_entropy_backward(sx.get(), st.get(), lse, smoothing, ignore_index, gs)};
   });
 }

@@ -59,8 +59,9 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_model_, int64_t heads_, double 
 }
 
 Tensor causal_mask(int64_t tq, int64_t tk, Device device) {
-  const TensorOptions ids(DType::Int64, device);
-  return gt(arange(tk, ids).unsqueeze(0), arange(tq, ids).unsqueeze(1));
+  // Made on the device, a fill and a triangle: ranges made on the host would be copied up every
+  // forward, a synchronisation each on a GPU.
+  return triu(full({tq, tk}, 1.0, TensorOptions(DType::Bool, device)), 1);
 }
 
 Tensor MultiHeadAttention::split_heads(const Tensor& x) const {

@@ -94,6 +94,15 @@ Device device_of_all(const char* op, const std::vector<Tensor>& tensors) {
   return tensors.empty() ? Device::CPU : tensors[0].device();
 }
 
+// The CUDA backend runs a few entries on the host (ops/cuda/host_fallback.cu: a copy down and one
+// back, two synchronisations). The emulated device counts them alike, so that its counts are a GPU's.
+void count_host_round_trip(Device device) {
+  if (device.is_emulated() && runtime::detail::emulated_kernel_depth.load(std::memory_order_relaxed) == 0) {
+    runtime::count_sync();
+    runtime::count_sync();
+  }
+}
+
 #ifndef TAPESTRY_WITH_CUDA
 [[noreturn]] void no_cuda_backend(const char* op) {
   throw Error(fmt::format("{}: tensor on cuda, but this build has only the cpu backend (configure with "
@@ -245,7 +254,9 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   TP_ROUTE(op, a.device(), reduce(op, kind, a, dims, keepdim));
 }
-Tensor sum_of_squares(const Tensor& a) { TP_ROUTE("sum_of_squares", a.device(), sum_of_squares(a)); }
+Tensor sum_of_squares(const std::vector<Tensor>& tensors) {
+  TP_ROUTE("sum_of_squares", device_of_all("sum_of_squares", tensors), sum_of_squares(tensors));
+}
 std::pair<Tensor, Tensor> reduce_with_index(const char* op, Reduce kind, const Tensor& a, int64_t dim, bool keepdim) {
   TP_ROUTE(op, a.device(), reduce_with_index(op, kind, a, dim, keepdim));
 }
@@ -280,15 +291,19 @@ Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const T
   TP_ROUTE("scatter_add", common_device("scatter_add", {&index, &src}), scatter_add(shape, dim, index, src));
 }
 
-CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& target, double smoothing, int64_t ignore_index) {
+CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& target, double smoothing, int64_t ignore_index,
+                              bool mean) {
   const Device device = common_device("cross_entropy", {&logits, &target});
   check_cross_entropy(logits, target, smoothing);
-  TP_ROUTE("cross_entropy", device, cross_entropy(logits, target, smoothing, ignore_index));
+  TP_ROUTE("cross_entropy", device, cross_entropy(logits, target, smoothing, ignore_index, mean));
 }
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, double smoothing,
-                              int64_t ignore_index, double scale) {
-  const Device device = common_device("cross_entropy_backward", {&logits, &target, &lse});
+                              int64_t ignore_index, const Tensor& scale) {
+  const Device device = common_device("cross_entropy_backward", {&logits, &target, &lse, &scale});
   check_cross_entropy(logits, target, smoothing);
+  TP_CHECK(scale.dim() == 0 && scale.dtype() == logits.dtype(),
+           "cross_entropy_backward: scale must be a 0-d {} tensor, got {} {}", logits.dtype(), scale.dtype(),
+           scale.sizes());
   TP_ROUTE("cross_entropy_backward", device, cross_entropy_backward(logits, target, lse, smoothing, ignore_index, scale));
 }
 
@@ -318,16 +333,24 @@ void randint_(const Tensor& dst, int64_t low, int64_t high, std::mt19937_64& eng
 }
 
 Tensor triangle(const char* op, const Tensor& a, int64_t diagonal, bool upper) {
+  TP_CHECK(a.dim() >= 2, "{}: expected a tensor of at least 2 dims (a matrix or a batch of them), got shape {}", op,
+           a.sizes());
   TP_ROUTE(op, a.device(), triangle(op, a, diagonal, upper));
 }
-Tensor cumsum(const Tensor& a, int64_t dim, bool reverse) { TP_ROUTE("cumsum", a.device(), cumsum(a, dim, reverse)); }
+Tensor cumsum(const Tensor& a, int64_t dim, bool reverse) {
+  count_host_round_trip(a.device());
+  TP_ROUTE("cumsum", a.device(), cumsum(a, dim, reverse));
+}
 std::pair<Tensor, Tensor> sort(const Tensor& a, int64_t dim, bool descending, bool stable) {
+  count_host_round_trip(a.device());
   TP_ROUTE("sort", a.device(), sort(a, dim, descending, stable));
 }
 std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest, bool sorted) {
+  count_host_round_trip(a.device());
   TP_ROUTE("topk", a.device(), topk(a, k, dim, largest, sorted));
 }
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, std::mt19937_64& engine) {
+  count_host_round_trip(probs.device());
   TP_ROUTE("multinomial", probs.device(), multinomial(probs, num_samples, replacement, engine));
 }
 

@@ -18,8 +18,10 @@ void fill_(const Tensor& dst, double value);
 
 // Reduce over `dims` (wrapped, any order). Sum of Bool/Int64 gives Int64.
 Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim);
-// The sum of a's squared elements as a 0-d float64 tensor, accumulated in double (gradient norms).
-Tensor sum_of_squares(const Tensor& a);
+// The sum of the squared elements of every tensor (floating, any shapes, one device), as a 0-d
+// float64 tensor on that device, accumulated in double: gradient norms, in one call for a whole
+// model (the CUDA backend launches once per 32 tensors, plus one; PyTorch's foreach norm does so).
+Tensor sum_of_squares(const std::vector<Tensor>& tensors);
 // Max or Min over one dim: values and int64 indices (first occurrence wins).
 std::pair<Tensor, Tensor> reduce_with_index(const char* op, Reduce kind, const Tensor& a, int64_t dim, bool keepdim);
 
@@ -45,12 +47,14 @@ Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const T
 // Label-smoothed cross-entropy of logits [N, V] against int64 targets [N], fused with the
 // log-softmax: the target distribution q puts 1 - smoothing on the gold class, 0 on ignore_index
 // (when it is a class) and spreads smoothing evenly over the remaining classes; rows whose
-// target is ignore_index carry no loss. Returns the summed loss, each row's log-sum-exp (all
-// that backward needs besides the logits) and the number of counted rows.
-CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& target, double smoothing, int64_t ignore_index);
-// d loss_sum * scale / d logits = (sum(q) * softmax(logits) - q) * scale on counted rows, 0 elsewhere.
+// target is ignore_index carry no loss. Returns the loss (summed, or its mean), each row's log-sum-exp (all
+// that backward needs besides the logits) and the scale of a sum (1) or a mean (see CrossEntropyOut).
+CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& target, double smoothing, int64_t ignore_index,
+                              bool mean);
+// d loss_sum * scale / d logits = (sum(q) * softmax(logits) - q) * scale on counted rows, 0 elsewhere;
+// scale is a 0-d tensor of the logits' dtype on their device, read by the kernel.
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, double smoothing,
-                              int64_t ignore_index, double scale);
+                              int64_t ignore_index, const Tensor& scale);
 
 // Fused attention softmax(scale q k^T + masking) v over leading dims [...] (batch, heads):
 // q [..., Tq, E], k [..., Tk, E], v [..., Tk, Ev] -> out [..., Tq, Ev] and the softmax statistics per

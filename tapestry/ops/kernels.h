@@ -25,7 +25,10 @@ bool is_comparison(Binary kind);
 
 struct LayerNormOut { Tensor y, mean, rstd; };
 struct LayerNormGrads { Tensor dx, dweight, dbias; };
-struct CrossEntropyOut { Tensor loss_sum, lse; int64_t count = 0; };
+// loss: 0-d, the summed loss times scale; lse: one log-sum-exp per row; scale: 0-d (the logits'
+// dtype), 1 for a sum, 1 / the counted rows for a mean (0 when no row counts). All on the logits'
+// device: nothing comes back to the host (Note [Syncs] in ops/runtime.h).
+struct CrossEntropyOut { Tensor loss, lse, scale; };
 struct AttentionOut { Tensor out, lse; };
 struct AttentionGrads { Tensor dq, dk, dv; };
 // One Adam/AdamW update of a parameter from its gradient, in place on param, exp_avg and

@@ -21,13 +21,14 @@ void check_targets(const Tensor& logits, const Tensor& target, int64_t ignore_in
 
 }  // namespace
 
-CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, double eps, int64_t ignore_index) {
+CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, double eps, int64_t ignore_index,
+                              bool mean) {
   TP_PROFILE("cross_entropy");
   check_targets(logits_in, target_in, ignore_index);
   Tensor logits = contiguous(logits_in), target = contiguous(target_in);
   const int64_t N = logits.size(0), V = logits.size(1);
   Smoothing q = smoothing_for(eps, V, ignore_index);
-  CrossEntropyOut out{Tensor(), empty({N}, logits.options()), 0};
+  CrossEntropyOut out{Tensor(), empty({N}, logits.options()), Tensor()};
   std::vector<double> row_loss(static_cast<size_t>(N), 0.0);
   const int64_t* pt = target.data_ptr<int64_t>();
   dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
@@ -78,16 +79,23 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
     });
   });
   double total = 0;
+  int64_t count = 0;
   for (int64_t r = 0; r < N; ++r) {
     total += row_loss[static_cast<size_t>(r)];
-    out.count += pt[r] != ignore_index;
+    count += pt[r] != ignore_index;
   }
-  out.loss_sum = scalar_tensor(total, logits.options());
+  // In the logits' dtype, as the loss and its scale are kept: loss = T(total) * T(scale).
+  const double scale = mean ? (count > 0 ? 1.0 / static_cast<double>(count) : 0.0) : 1.0;
+  dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    out.scale = scalar_tensor(static_cast<T>(scale), logits.options());
+    out.loss = scalar_tensor(static_cast<T>(total) * static_cast<T>(scale), logits.options());
+  });
   return out;
 }
 
 Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, const Tensor& lse, double eps,
-                              int64_t ignore_index, double scale) {
+                              int64_t ignore_index, const Tensor& scale) {
   TP_PROFILE("cross_entropy_backward");
   Tensor logits = contiguous(logits_in), target = contiguous(target_in);
   const int64_t N = logits.size(0), V = logits.size(1);
@@ -100,7 +108,7 @@ Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, 
     const T* plse = lse.data_ptr<T>();
     T* pg = grad.data_ptr<T>();
     // d/dx_j of -sum_k q_k (x_k - lse) is total(q) * softmax_j - q_j.
-    const T s = static_cast<T>(scale), q_other = static_cast<T>(q.other), q_total = static_cast<T>(q.total);
+    const T s = *scale.data_ptr<T>(), q_other = static_cast<T>(q.other), q_total = static_cast<T>(q.total);
     cpu::parallel_for(0, N, std::max<int64_t>(1, cpu::kGrainSize / std::max<int64_t>(1, V)), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         T* g = pg + r * V;

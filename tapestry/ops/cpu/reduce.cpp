@@ -64,31 +64,37 @@ struct StridedSpace {
 
 }  // namespace
 
-Tensor sum_of_squares(const Tensor& a_in) {
+Tensor sum_of_squares(const std::vector<Tensor>& tensors) {
   TP_PROFILE("sum_of_squares");
-  Tensor a = contiguous(a_in);
-  const int64_t n = a.numel();
-  // Squares in double (a float gradient of 1e20 squares to a finite 1e40), fixed chunks summed
-  // in vector lanes, then added in chunk order: the result does not depend on the thread count.
-  constexpr int64_t kChunk = 4096;
-  const int64_t n_chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(static_cast<size_t>(n_chunks), 0.0);
-  dispatch_floating(a.dtype(), "sum_of_squares", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* p = a.data_ptr<T>();
-    cpu::parallel_for(0, n_chunks, std::max<int64_t>(1, cpu::kGrainSize / kChunk), [&](int64_t b, int64_t e) {
-      for (int64_t c = b; c < e; ++c) {
-        const int64_t i0 = c * kChunk, i1 = std::min(n, i0 + kChunk);
-        double s = 0;
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(p[i]) * static_cast<double>(p[i]);
-        partial[static_cast<size_t>(c)] = s;
-      }
-    });
-  });
+  // Tensor by tensor in list order; within one, squares in double (a float gradient of 1e20
+  // squares to a finite 1e40), fixed chunks summed in vector lanes, then added in chunk order: the
+  // result does not depend on the thread count.
   double total = 0;
-  for (double v : partial) total += v;
-  return scalar_tensor(total, TensorOptions(DType::Float64, a.device()));
+  for (const Tensor& a_in : tensors) {
+    Tensor a = contiguous(a_in);
+    const int64_t n = a.numel();
+    constexpr int64_t kChunk = 4096;
+    const int64_t n_chunks = (n + kChunk - 1) / kChunk;
+    std::vector<double> partial(static_cast<size_t>(n_chunks), 0.0);
+    dispatch_floating(a.dtype(), "sum_of_squares", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* p = a.data_ptr<T>();
+      cpu::parallel_for(0, n_chunks, std::max<int64_t>(1, cpu::kGrainSize / kChunk), [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c) {
+          const int64_t i0 = c * kChunk, i1 = std::min(n, i0 + kChunk);
+          double s = 0;
+#pragma omp simd reduction(+ : s)
+          for (int64_t i = i0; i < i1; ++i) s += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+          partial[static_cast<size_t>(c)] = s;
+        }
+      });
+    });
+    double tensor_total = 0;
+    for (double v : partial) tensor_total += v;
+    total += tensor_total;
+  }
+  const Device device = tensors.empty() ? Device::CPU : tensors[0].device();
+  return scalar_tensor(total, TensorOptions(DType::Float64, device));
 }
 
 Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {

@@ -73,8 +73,6 @@ inline double uniform01(std::mt19937_64& engine) { return static_cast<double>(en
 
 Tensor triangle(const char* op, const Tensor& a, int64_t diagonal, bool upper) {
   TP_PROFILE(op);
-  TP_CHECK(a.dim() >= 2, "{}: expected a tensor of at least 2 dims (a matrix or a batch of them), got shape {}", op,
-           a.sizes());
   Tensor out = empty(a.sizes(), a.options());
   const int64_t numel = out.numel();
   if (numel == 0) return out;

@@ -359,4 +359,36 @@ void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
   param.impl().storage->version++;
 }
 
+namespace {
+
+// out[i] = in[i] inside the triangle of its [rows, cols] matrix, 0 (false) outside; in contiguous.
+template <class T>
+__global__ void triangle_kernel(const T* in, T* out, int64_t n, int64_t rows, int64_t cols, int64_t diagonal,
+                                bool upper) {
+  TP_GRID_STRIDE(i, n) {
+    const int64_t j = i % cols, r = (i / cols) % rows;
+    const bool keep = upper ? j - r >= diagonal : j - r <= diagonal;
+    out[i] = keep ? in[i] : T(0);
+  }
+}
+
+}  // namespace
+
+// On the device (causal masks are made with it every forward: a host round trip would be two
+// synchronisations per step). The dispatcher checked the dims.
+Tensor triangle(const char* op, const Tensor& a_in, int64_t diagonal, bool upper) {
+  Tensor out = empty_on(a_in.sizes(), a_in.dtype(), a_in.device());
+  const int64_t n = out.numel();
+  if (n == 0) return out;
+  Tensor a = contiguous(a_in);
+  const int64_t rows = a.size(-2), cols = a.size(-1);
+  dispatch(a.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    triangle_kernel<T><<<blocks_for(n), kThreads, 0, stream()>>>(a.data_ptr<T>(), out.data_ptr<T>(), n, rows, cols,
+                                                                 diagonal, upper);
+    TP_CUDA_LAUNCHED(op);
+  });
+  return out;
+}
+
 }  // namespace tapestry::kernels::cuda

@@ -1,16 +1,11 @@
 // Entries of the CUDA backend that run on the host: the tensor is copied to the CPU, the CPU
 // kernel runs, and the result is copied back. These are the ops of decoding and sampling (sort,
-// topk, cumsum, multinomial) and tril/triu, called a few times per generated token or once per
-// model, never in a training step's inner loop; the round trip keeps their exact CPU semantics
+// topk, cumsum, multinomial), called a few times per generated token, never in a training step; the round trip keeps their exact CPU semantics
 // (stable order, NaN ranks, one engine draw per sample) in one place. Each is a candidate for a
 // device kernel when a profile shows it.
 #include "tapestry/ops/cuda/common.cuh"
 
 namespace tapestry::kernels::cuda {
-
-Tensor triangle(const char* op, const Tensor& a, int64_t diagonal, bool upper) {
-  return to_device(cpu::triangle(op, to_device(a, Device::CPU), diagonal, upper), a.device());
-}
 
 Tensor cumsum(const Tensor& a, int64_t dim, bool reverse) {
   return to_device(cpu::cumsum(to_device(a, Device::CPU), dim, reverse), a.device());

@@ -85,10 +85,11 @@ __global__ void cross_entropy_kernel(const T* logits, const int64_t* target, T* 
   }
 }
 
-// One block of kThreads: the rows' losses and counts added in a fixed order.
+// One block of kThreads: the rows' losses and counts added in a fixed order, then the loss and the
+// scale (1 for a sum, 1 / count for a mean, 0 when no row counts) written in T, as the CPU does.
 template <class T>
-__global__ void cross_entropy_total_kernel(const double* row_loss, const int64_t* row_counted, int64_t N,
-                                           T* loss_sum, int64_t* count) {
+__global__ void cross_entropy_total_kernel(const double* row_loss, const int64_t* row_counted, int64_t N, bool mean,
+                                           T* loss_out, T* scale_out) {
   double loss = 0;
   int64_t counted = 0;
   for (int64_t r = threadIdx.x; r < N; r += blockDim.x) {
@@ -98,17 +99,18 @@ __global__ void cross_entropy_total_kernel(const double* row_loss, const int64_t
   loss = group_reduce(loss, SumOp<double>{});
   counted = group_reduce(counted, SumOp<int64_t>{});
   if (threadIdx.x == 0) {
-    *loss_sum = static_cast<T>(loss);
-    *count = counted;
+    const T scale = static_cast<T>(mean ? (counted > 0 ? 1.0 / static_cast<double>(counted) : 0.0) : 1.0);
+    *loss_out = static_cast<T>(loss) * scale;
+    *scale_out = scale;
   }
 }
 
 // d/dx_j of -sum_k q_k (x_k - lse) is total(q) * softmax_j - q_j; rows not counted get 0.
 template <class T>
 __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* target, const T* lse, T* grad,
-                                              int64_t N, int64_t V, Smoothing q, int64_t ignore_index, double scale,
+                                              int64_t N, int64_t V, Smoothing q, int64_t ignore_index, const T* scale,
                                               DeviceError* flag, int opid) {
-  const T s = static_cast<T>(scale), q_other = static_cast<T>(q.other), q_total = static_cast<T>(q.total);
+  const T s = *scale, q_other = static_cast<T>(q.other), q_total = static_cast<T>(q.total);
   const T gold_extra = static_cast<T>(q.gold - q.other);
   TP_GRID_STRIDE(i, N * V) {
     const int64_t r = i / V, j = i - r * V;
@@ -131,47 +133,41 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* ta
 
 }  // namespace
 
-CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, double eps, int64_t ignore_index) {
+CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, double eps, int64_t ignore_index,
+                              bool mean) {
   TP_CHECK(eps >= 0 && eps < 1, "cross_entropy: label smoothing must be in [0, 1), got {}", eps);
   const int64_t N = logits_in.size(0), V = logits_in.size(1);
   const Device device = logits_in.device();
   const Smoothing q = smoothing_for(eps, V, ignore_index);
-  CrossEntropyOut out{empty_on({}, logits_in.dtype(), device), empty_on({N}, logits_in.dtype(), device), 0};
+  CrossEntropyOut out{empty_on({}, logits_in.dtype(), device), empty_on({N}, logits_in.dtype(), device),
+                      empty_on({}, logits_in.dtype(), device)};
   dispatch_floating(logits_in.dtype(), "cross_entropy", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (N == 0) {  // no rows: nothing to count, nothing to wait for
-      fill_(out.loss_sum, 0.0);
+    if (N == 0) {  // no rows: nothing to count
+      fill_(out.loss, 0.0);
+      fill_(out.scale, mean ? 0.0 : 1.0);
       return;
     }
     Tensor logits = contiguous(logits_in), target = contiguous(target_in);
     Tensor row_loss = empty_on({N}, DType::Float64, device);  // [N]
     Tensor row_counted = empty_on({N}, DType::Int64, device);  // [N], 0 or 1
-    Tensor count = empty_on({}, DType::Int64, device);
     const int group = group_size(V);
     cross_entropy_kernel<T><<<blocks_for(N, kThreads / group), dim3(group, kThreads / group), 0, stream()>>>(
         logits.data_ptr<T>(), target.data_ptr<int64_t>(), out.lse.data_ptr<T>(), row_loss.data_ptr<double>(),
         row_counted.data_ptr<int64_t>(), N, V, q, ignore_index, device_error(), op_id("cross_entropy"));
     TP_CUDA_LAUNCHED("cross_entropy");
     cross_entropy_total_kernel<T><<<1, dim3(kThreads, 1), 0, stream()>>>(
-        row_loss.data_ptr<double>(), row_counted.data_ptr<int64_t>(), N, out.loss_sum.data_ptr<T>(),
-        count.data_ptr<int64_t>());
+        row_loss.data_ptr<double>(), row_counted.data_ptr<int64_t>(), N, mean, out.loss.data_ptr<T>(),
+        out.scale.data_ptr<T>());
     TP_CUDA_LAUNCHED("cross_entropy");
-    // The count comes back to the host now (Reduction::Mean divides by it on the host, as the
-    // CPU's does): this copy and wait are the one synchronisation of a training step's loss. The
-    // loss itself stays on the device.
-    int64_t host_count = 0;
-    TP_CUDA_CHECK(cudaMemcpyAsync(&host_count, count.data_ptr<int64_t>(), sizeof host_count, cudaMemcpyDeviceToHost,
-                                  stream()),
-                  "cross_entropy");
-    TP_CUDA_CHECK(cudaStreamSynchronize(stream()), "cross_entropy");
-    check_device_errors();  // a bad target throws here, from the call, as on the CPU
-    out.count = host_count;
+    // Nothing comes back to the host: a bad target sets the error flag, which the next
+    // synchronisation (the Trainer's loss read) reports.
   });
   return out;
 }
 
 Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, const Tensor& lse_in, double eps,
-                              int64_t ignore_index, double scale) {
+                              int64_t ignore_index, const Tensor& scale) {
   // The CPU trusts its caller here; on the GPU a mismatch would read out of bounds.
   const int64_t N = logits_in.size(0), V = logits_in.size(1);
   TP_CHECK(lse_in.numel() == N && lse_in.dtype() == logits_in.dtype(),
@@ -185,7 +181,7 @@ Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, 
     Tensor logits = contiguous(logits_in), target = contiguous(target_in), lse = contiguous(lse_in);
     cross_entropy_backward_kernel<T><<<blocks_for(N * V), kThreads, 0, stream()>>>(
         logits.data_ptr<T>(), target.data_ptr<int64_t>(), lse.data_ptr<T>(), grad.data_ptr<T>(), N, V, q,
-        ignore_index, scale, device_error(), op_id("cross_entropy_backward"));
+        ignore_index, scale.data_ptr<T>(), device_error(), op_id("cross_entropy_backward"));
     TP_CUDA_LAUNCHED("cross_entropy_backward");
   });
   return grad;

@@ -158,6 +158,38 @@ void reduce_rows(const char* op, Device device, const In* in, Out* out, int64_t 
   reduce_rows<A, A, Out, Cast<A>, Op>(op, device, partial_data, out, rows, n_chunks, Cast<A>{}, combine);
 }
 
+// ---- sums of squares over many tensors (gradient norms)
+
+// Up to kSquaresTable tensors of one dtype per launch, passed by value as a kernel argument (no
+// copy of a pointer table to the device, so no synchronisation).
+constexpr int kSquaresTable = 32;
+template <class T> struct SquaresTable {
+  const T* data[kSquaresTable];
+  int64_t numel[kSquaresTable];
+  int64_t first_segment[kSquaresTable + 1];  // tensor t owns segments [first_segment[t], first_segment[t + 1])
+  int count;
+};
+
+// Segment s is chunk s - first_segment[t] (kChunk elements) of the tensor t that owns it; one group
+// of threads per segment writes its sum of squares (in double) to partial[s].
+template <class T>
+__global__ void sum_of_squares_many_kernel(SquaresTable<T> table, double* partial, int64_t segments) {
+  TP_ROW_GROUPS(first, segments) {
+    const int64_t seg = first + threadIdx.y;
+    double acc = 0;
+    if (seg < segments) {
+      int t = 0;
+      while (t + 1 < table.count && table.first_segment[t + 1] <= seg) ++t;
+      const int64_t begin = (seg - table.first_segment[t]) * kChunk;
+      const int64_t end = begin + kChunk < table.numel[t] ? begin + kChunk : table.numel[t];
+      const T* p = table.data[t];
+      for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) acc += Square{}(p[i]);
+    }
+    acc = group_reduce(acc, SumOp<double>{});
+    if (seg < segments && threadIdx.x == 0) partial[seg] = acc;
+  }
+}
+
 // Rows cut into blocks for column sums, by the shape only.
 struct RowBlocks {
   int64_t rows_per_block, count;
@@ -375,19 +407,46 @@ __global__ void layer_norm_weight_grads_kernel(const T* dy, const T* x, const T*
 
 }  // namespace
 
-Tensor sum_of_squares(const Tensor& a_in) {
-  Tensor out = empty_on({}, DType::Float64, a_in.device());
-  dispatch_floating(a_in.dtype(), "sum_of_squares", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const int64_t n = a_in.numel();
-    if (n == 0) {
-      fill_(out, 0.0);
-      return;
-    }
-    Tensor a = contiguous(a_in);
-    reduce_rows<T, double, double>("sum_of_squares", a.device(), a.data_ptr<T>(), out.data_ptr<double>(), 1, n,
-                                   Square{}, SumOp<double>{});
-  });
+Tensor sum_of_squares(const std::vector<Tensor>& tensors) {
+  const Device device = tensors[0].device();  // the dispatcher routes an empty list to the CPU
+  Tensor out = empty_on({}, DType::Float64, device);
+  std::vector<Tensor> parts;  // contiguous, non-empty
+  int64_t segments = 0;
+  for (const Tensor& t : tensors) {
+    dispatch_floating(t.dtype(), "sum_of_squares", [](auto) {});
+    if (t.numel() == 0) continue;
+    parts.push_back(contiguous(t));
+    segments += (t.numel() + kChunk - 1) / kChunk;
+  }
+  if (segments == 0) {
+    fill_(out, 0.0);
+    return out;
+  }
+  // One partial per segment, in list order, then the partials added as one row (a fixed order).
+  Tensor partial = empty_on({segments}, DType::Float64, device);
+  int64_t base = 0;
+  for (size_t i = 0; i < parts.size();) {
+    dispatch_floating(parts[i].dtype(), "sum_of_squares", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      SquaresTable<T> table{};
+      int64_t launch_segments = 0;
+      for (; i < parts.size() && table.count < kSquaresTable && parts[i].dtype() == dtype_of<T>(); ++i) {
+        table.data[table.count] = parts[i].data_ptr<T>();
+        table.numel[table.count] = parts[i].numel();
+        table.first_segment[table.count] = launch_segments;
+        launch_segments += (parts[i].numel() + kChunk - 1) / kChunk;
+        ++table.count;
+      }
+      table.first_segment[table.count] = launch_segments;
+      const RowGroups lg = row_groups(launch_segments, kChunk);
+      sum_of_squares_many_kernel<T><<<lg.grid, lg.block, 0, stream()>>>(table, partial.data_ptr<double>() + base,
+                                                                         launch_segments);
+      TP_CUDA_LAUNCHED("sum_of_squares");
+      base += launch_segments;
+    });
+  }
+  reduce_rows<double, double, double>("sum_of_squares", device, partial.data_ptr<double>(), out.data_ptr<double>(), 1,
+                                      segments, Cast<double>{}, SumOp<double>{});
   return out;
 }
 

@@ -67,15 +67,17 @@ std::vector<Hypothesis> greedy_decode(Transformer& model, const Tensor& src, con
   const int64_t max_steps = *std::max_element(lens.begin(), lens.end()) + opt.max_extra;
   for (int64_t t = 0; t < max_steps; ++t) {
     Tensor lp = next_log_probs(model, prefixes, memory, src_mask, opt.use_cache ? &cache : nullptr);
-    std::vector<int64_t> best = argmax(lp, -1).to_vector<int64_t>();
-    std::vector<double> lpv = lp.to_vector<double>();
-    const int64_t V = lp.size(1);
+    // Only what the search needs comes to the host: each row's best token and its log-prob, in one
+    // copy of [2, B] (ids are exact in double), not the [B, V] distribution.
+    auto [best_lp, best_id] = max(lp, -1);
+    const std::vector<double> picked =
+        stack({best_lp.to(DType::Float64), best_id.to(DType::Float64)}, 0).to_vector<double>();
     bool all_done = true;
     for (int64_t b = 0; b < B; ++b) {
-      int64_t tok = done[b] ? pad : best[b];
+      int64_t tok = done[b] ? pad : static_cast<int64_t>(picked[static_cast<size_t>(B + b)]);
       if (!done[b]) {
         out[b].tokens.push_back(tok);
-        out[b].score += lpv[b * V + tok];
+        out[b].score += picked[static_cast<size_t>(b)];
         done[b] = tok == opt.eos || static_cast<int64_t>(out[b].tokens.size()) >= lens[b] + opt.max_extra;
       }
       prefixes[b].push_back(tok);

@@ -155,20 +155,42 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
   if (parallel && !reducer_) reducer_ = std::make_unique<dist::GradReducer>(model_.parameters(), o_.bucket_bytes, o_.first_bucket_bytes);
   size_t last = group.size();
   while (last > 0 && group[last - 1].tokens == 0) --last;
+  // Note [One sync per step]: the losses stay on the device until every backward has been queued;
+  // then they are read together with the gradients' squared norm, in one copy to the host (one
+  // synchronisation on a GPU, where reading each loss would stall the device mid-step). The values
+  // and their order of summation are those of reading each loss at once.
+  std::vector<std::pair<Tensor, int64_t>> losses;  // detached, with their batch's tokens
   for (size_t i = 0; i < group.size(); ++i) {
     const TrainBatch& b = group[i];
     if (parallel && b.tokens == 0) continue;  // an empty shard: this rank adds zeros
     if (parallel && i + 1 == last) reducer_->prepare();
     Tensor loss = b.loss();
-    loss_sum += loss.item<double>() * static_cast<double>(b.tokens);
+    losses.emplace_back(loss.detach(), b.tokens);
     const double weight = parallel ? static_cast<double>(b.tokens)
                                    : static_cast<double>(b.tokens) / static_cast<double>(r.tokens);
     if (weight == 1.0) loss.backward();
     else (loss * weight).backward();
   }
+  // The losses, and (one process) the squared gradient norm, as doubles in one copy.
+  auto read = [&losses](const Tensor& extra) {
+    TensorList parts;
+    for (auto& [loss, tokens] : losses) parts.push_back(reshape(loss.to(DType::Float64), {1}));
+    if (extra.defined()) parts.push_back(reshape(extra, {1}));
+    return parts.empty() ? std::vector<double>() : cat(parts, 0).to_vector<double>();
+  };
+  auto add_losses = [&losses, &loss_sum](const std::vector<double>& values) {
+    for (size_t i = 0; i < losses.size(); ++i) loss_sum += values[i] * static_cast<double>(losses[i].second);
+  };
   r.stop_signal = StopSignals::pending() != 0;
   r.out_of_time = o_.time_limit > 0 && seconds_since(run_start_) >= o_.time_limit;
-  if (parallel) {
+  const std::vector<Tensor> params = model_.parameters();
+  if (!parallel) {
+    const Device device = losses.empty() ? Device::CPU : losses[0].first.device();
+    const std::vector<double> values = read(optim::grad_sum_of_squares(params, device));
+    add_losses(values);
+    r.grad_norm = std::sqrt(values.back());
+  } else {
+    add_losses(read(Tensor()));
     // One small all-reduce agrees on the totals and on whether to stop.
     Tensor totals = tensor(std::vector<double>{static_cast<double>(r.tokens), loss_sum, r.stop_signal ? 1.0 : 0.0,
                                                r.out_of_time ? 1.0 : 0.0});
@@ -177,11 +199,10 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
     r.tokens = static_cast<int64_t>(tv[0]), loss_sum = tv[1], r.stop_signal = tv[2] > 0, r.out_of_time = tv[3] > 0;
     TP_CHECK(r.tokens > 0, "train: step {} has no tokens on any of the {} ranks", step_, dist::world_size());
     reducer_->reduce(1.0 / static_cast<double>(r.tokens));
+    r.grad_norm = optim::grad_norm(params);  // of the reduced gradients: a second read
   }
   r.loss = loss_sum / static_cast<double>(r.tokens);
   // A non-finite loss or gradient would poison the weights and every checkpoint after it.
-  r.grad_norm = o_.clip_norm > 0 ? optim::clip_grad_norm(model_.parameters(), o_.clip_norm)
-                                 : optim::grad_norm(model_.parameters());
   if (!std::isfinite(loss_sum) || !std::isfinite(r.grad_norm)) {
     optimizer_.zero_grad();
     TP_CHECK(o_.on_nan == "skip", "train: {}; stopped before saving anything, the last checkpoint is intact. Lower "
@@ -192,6 +213,7 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
     r.taken = false;
     return r;
   }
+  if (o_.clip_norm > 0) optim::scale_grads_to_norm(params, o_.clip_norm, r.grad_norm);
   optimizer_.step();
   optimizer_.zero_grad();
   return r;

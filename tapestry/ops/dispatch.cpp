@@ -354,14 +354,23 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, s
   TP_ROUTE("multinomial", probs.device(), multinomial(probs, num_samples, replacement, engine));
 }
 
-void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const AdamStep& step) {
-  const Device device = common_device("adam_step_", {&param, &grad, &exp_avg, &exp_avg_sq});
-  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq})
-    TP_CHECK(t->is_contiguous() && t->dtype() == param.dtype() && t->sizes() == param.sizes(),
-             "adam_step_: param, grad and state must be contiguous {} {}, got {} {}", param.dtype(), param.sizes(),
-             t->dtype(), t->sizes());
-  TP_ROUTE("adam_step_", device, adam_step_(param, grad, exp_avg, exp_avg_sq, step));
+void adam_step_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs, const AdamStep& step) {
+  TP_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() && exp_avg_sqs.size() == params.size(),
+           "adam_step_: {} params, {} grads, {} exp_avgs and {} exp_avg_sqs", params.size(), grads.size(),
+           exp_avgs.size(), exp_avg_sqs.size());
+  if (params.empty()) return;
+  const Device device = device_of_all("adam_step_", params);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& param = params[i];
+    common_device("adam_step_", {&params[0], &grads[i], &exp_avgs[i], &exp_avg_sqs[i]});
+    for (const Tensor* t : {&param, &grads[i], &exp_avgs[i], &exp_avg_sqs[i]})
+      TP_CHECK(t->is_contiguous() && t->dtype() == param.dtype() && t->sizes() == param.sizes(),
+               "adam_step_: param, grad and state must be contiguous {} {}, got {} {}", param.dtype(), param.sizes(),
+               t->dtype(), t->sizes());
+    TP_CHECK(is_floating(param.dtype()), "adam_step_: expected floating-point parameters, got {}", param.dtype());
+  }
+  TP_ROUTE("adam_step_", device, adam_step_(params, grads, exp_avgs, exp_avg_sqs, step));
 }
 
 }  // namespace tapestry::kernels

@@ -101,8 +101,10 @@ std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool lar
 // sample, rows in order then samples in order: the same engine state gives the same samples.
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, std::mt19937_64& engine);
 
-// See AdamStep (ops/kernels.h).
-void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const AdamStep& step);
+// See AdamStep (ops/kernels.h): one update of every params[i] from grads[i], exp_avgs[i] and
+// exp_avg_sqs[i] (one group's tensors, in one call: the CUDA backend launches once per 48 tensors,
+// as PyTorch's multi-tensor Adam does).
+void adam_step_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs, const AdamStep& step);
 
 // NOLINTEND(llvm-header-guard)

@@ -318,11 +318,14 @@ void Adam::step() {
     adam.bias_correction2_sqrt = bc2_sqrt;
     adam.decay = 1.0 - glr * wd;
     adam.decoupled = decoupled_;
+    // The group's parameters with a gradient, in one call (one launch per 48 tensors on a GPU).
+    std::vector<Tensor> ps, gs, ms, vs;
     for (size_t i = groups_[gi].begin; i < groups_[gi].end; ++i) {
       Tensor p = params_[i], g = p.grad();
       if (!g.defined()) continue;
-      kernels::adam_step_(p, g.contiguous(), m_all[i], v_all[i], adam);
+      ps.push_back(p), gs.push_back(g.contiguous()), ms.push_back(m_all[i]), vs.push_back(v_all[i]);
     }
+    kernels::adam_step_(ps, gs, ms, vs, adam);
   }
 }
 
@@ -333,22 +336,33 @@ double global_norm(const std::vector<Tensor>& tensors) {
   return tensors.empty() ? 0.0 : std::sqrt(kernels::sum_of_squares(tensors).item<double>());
 }
 
-double grad_norm(const std::vector<Tensor>& params) {
+namespace {
+std::vector<Tensor> grads_of(const std::vector<Tensor>& params) {
   std::vector<Tensor> grads;
   for (const Tensor& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
-  return global_norm(grads);
+  return grads;
+}
+}  // namespace
+
+double grad_norm(const std::vector<Tensor>& params) { return global_norm(grads_of(params)); }
+
+Tensor grad_sum_of_squares(const std::vector<Tensor>& params, Device device) {
+  NoGradGuard no_grad;
+  const std::vector<Tensor> grads = grads_of(params);
+  return grads.empty() ? zeros({}, TensorOptions(DType::Float64, device)) : kernels::sum_of_squares(grads);
+}
+
+void scale_grads_to_norm(const std::vector<Tensor>& params, double max_norm, double norm) {
+  NoGradGuard no_grad;
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1)
+    for (const Tensor& g : grads_of(params)) Tensor(g).mul_(coef);
 }
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
-  NoGradGuard no_grad;
-  double norm = grad_norm(params);
-  double coef = max_norm / (norm + 1e-6);
-  if (coef < 1)
-    for (const Tensor& p : params) {
-      Tensor g = p.grad();
-      if (g.defined()) g.mul_(coef);
-    }
+  const double norm = grad_norm(params);
+  scale_grads_to_norm(params, max_norm, norm);
   return norm;
 }
 

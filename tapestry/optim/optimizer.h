@@ -134,6 +134,12 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 double global_norm(const std::vector<Tensor>& tensors);
 // global_norm of the parameters' gradients (parameters without one are skipped).
 double grad_norm(const std::vector<Tensor>& params);
+// The two halves of clip_grad_norm, for a caller that reads the norm together with other values in
+// one copy (the Trainer: one synchronisation per step on a GPU):
+// the squared norm of the gradients as a 0-d float64 tensor on `device` (nothing read on the host);
+Tensor grad_sum_of_squares(const std::vector<Tensor>& params, Device device);
+// and the gradients scaled by max_norm / (norm + 1e-6) when that is below 1, given their norm.
+void scale_grads_to_norm(const std::vector<Tensor>& params, double max_norm, double norm);
 
 // Learning rate as a function of the step (counting from 1).
 class Schedule {

@@ -223,9 +223,9 @@ void randint_(const Tensor& dst, int64_t low, int64_t high, std::mt19937_64& eng
   random_fill("randint_", dst, [&] { return dist(engine); });
 }
 
-void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const AdamStep& step) {
-  TP_PROFILE("adam_step_");
+namespace {
+void adam_step_one(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                   const AdamStep& step) {
   dispatch_floating(param.dtype(), "adam_step_", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* pp = param.data_ptr<T>();
@@ -249,6 +249,13 @@ void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
     });
   });
   param.impl().storage->version++;
+}
+}  // namespace
+
+void adam_step_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs, const AdamStep& step) {
+  TP_PROFILE("adam_step_");
+  for (size_t i = 0; i < params.size(); ++i) adam_step_one(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], step);
 }
 
 }  // namespace tapestry::kernels::cpu

@@ -318,45 +318,87 @@ struct AdamScalars {
   bool decoupled, l2;
 };
 
-// One element per thread, in the CPU's order of operations (cpu::adam_step_).
+// Up to kAdamTable tensors per launch, their pointers passed by value as a kernel argument (no
+// copy of a table to the device, so no synchronisation): 48 x 40 bytes, within the 4 KiB limit.
+constexpr int kAdamTable = 48;
+constexpr int64_t kAdamChunk = 65536;  // elements per block-chunk of one tensor
+template <class T> struct AdamTable {
+  T* param[kAdamTable];
+  const T* grad[kAdamTable];
+  T* exp_avg[kAdamTable];
+  T* exp_avg_sq[kAdamTable];
+  int64_t numel[kAdamTable];
+  int64_t first_chunk[kAdamTable + 1];  // tensor t owns chunks [first_chunk[t], first_chunk[t + 1])
+  int count;
+};
+
+// One element's update, in the CPU's order of operations (cpu::adam_step_).
 template <class T>
-__global__ void adam_kernel(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, AdamScalars<T> s, int64_t n) {
-  TP_GRID_STRIDE(j, n) {
-    T g = grad[j];
-    T p = param[j];
-    if (s.decoupled) p = mul_rn(p, s.decay);
-    else if (s.l2) g = add_rn(g, mul_rn(s.wd, p));
-    const T m = add_rn(mul_rn(exp_avg[j], s.b1), mul_rn(g, add_rn(T(1), -s.b1)));
-    const T v = add_rn(mul_rn(exp_avg_sq[j], s.b2), mul_rn(mul_rn(g, g), add_rn(T(1), -s.b2)));
-    exp_avg[j] = m;
-    exp_avg_sq[j] = v;
-    param[j] = add_rn(p, -div_rn(mul_rn(s.step_size, m), add_rn(div_rn(math::sqrt(v), s.bc), s.eps)));
+__device__ void adam_update(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, const AdamScalars<T>& s, int64_t j) {
+  T g = grad[j];
+  T p = param[j];
+  if (s.decoupled) p = mul_rn(p, s.decay);
+  else if (s.l2) g = add_rn(g, mul_rn(s.wd, p));
+  const T m = add_rn(mul_rn(exp_avg[j], s.b1), mul_rn(g, add_rn(T(1), -s.b1)));
+  const T v = add_rn(mul_rn(exp_avg_sq[j], s.b2), mul_rn(mul_rn(g, g), add_rn(T(1), -s.b2)));
+  exp_avg[j] = m;
+  exp_avg_sq[j] = v;
+  param[j] = add_rn(p, -div_rn(mul_rn(s.step_size, m), add_rn(div_rn(math::sqrt(v), s.bc), s.eps)));
+}
+
+// Block-chunks over the table's tensors: chunk c (grid-strided) belongs to the tensor t that owns it
+// and covers kAdamChunk of its elements, which the block's threads stride over.
+template <class T>
+__global__ void adam_multi_kernel(AdamTable<T> table, AdamScalars<T> s, int64_t chunks) {
+  for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    int t = 0;
+    while (t + 1 < table.count && table.first_chunk[t + 1] <= c) ++t;
+    const int64_t begin = (c - table.first_chunk[t]) * kAdamChunk;
+    const int64_t end = begin + kAdamChunk < table.numel[t] ? begin + kAdamChunk : table.numel[t];
+    for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x)
+      adam_update(table.param[t], table.grad[t], table.exp_avg[t], table.exp_avg_sq[t], s, j);
   }
 }
 
 }  // namespace
 
-void adam_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const AdamStep& step) {
-  dispatch_floating(param.dtype(), "adam_step_", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const int64_t n = param.numel();
-    if (n == 0) return;
-    AdamScalars<T> s;
-    s.b1 = static_cast<T>(step.beta1);
-    s.b2 = static_cast<T>(step.beta2);
-    s.wd = static_cast<T>(step.weight_decay);
-    s.decay = static_cast<T>(step.decay);
-    s.step_size = static_cast<T>(step.step_size);
-    s.bc = static_cast<T>(step.bias_correction2_sqrt);
-    s.eps = static_cast<T>(step.eps);
-    s.decoupled = step.decoupled;
-    s.l2 = !step.decoupled && step.weight_decay != 0;
-    adam_kernel<T><<<blocks_for(n), kThreads, 0, stream()>>>(param.data_ptr<T>(), grad.data_ptr<T>(),
-                                                             exp_avg.data_ptr<T>(), exp_avg_sq.data_ptr<T>(), s, n);
-    TP_CUDA_LAUNCHED("adam_step_");
-  });
-  param.impl().storage->version++;
+void adam_step_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs, const AdamStep& step) {
+  for (size_t i = 0; i < params.size();) {
+    dispatch_floating(params[i].dtype(), "adam_step_", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      AdamScalars<T> s;
+      s.b1 = static_cast<T>(step.beta1);
+      s.b2 = static_cast<T>(step.beta2);
+      s.wd = static_cast<T>(step.weight_decay);
+      s.decay = static_cast<T>(step.decay);
+      s.step_size = static_cast<T>(step.step_size);
+      s.bc = static_cast<T>(step.bias_correction2_sqrt);
+      s.eps = static_cast<T>(step.eps);
+      s.decoupled = step.decoupled;
+      s.l2 = !step.decoupled && step.weight_decay != 0;
+      AdamTable<T> table{};
+      int64_t chunks = 0;
+      for (; i < params.size() && table.count < kAdamTable && params[i].dtype() == dtype_of<T>(); ++i) {
+        params[i].impl().storage->version++;
+        const int64_t n = params[i].numel();
+        if (n == 0) continue;
+        const int k = table.count++;
+        table.param[k] = params[i].data_ptr<T>();
+        table.grad[k] = grads[i].data_ptr<T>();
+        table.exp_avg[k] = exp_avgs[i].data_ptr<T>();
+        table.exp_avg_sq[k] = exp_avg_sqs[i].data_ptr<T>();
+        table.numel[k] = n;
+        table.first_chunk[k] = chunks;
+        chunks += (n + kAdamChunk - 1) / kAdamChunk;
+      }
+      table.first_chunk[table.count] = chunks;
+      if (chunks == 0) return;
+      const unsigned grid = static_cast<unsigned>(chunks < 65535 ? chunks : 65535);
+      adam_multi_kernel<T><<<grid, kThreads, 0, stream()>>>(table, s, chunks);
+      TP_CUDA_LAUNCHED("adam_step_");
+    });
+  }
 }
 
 namespace {

@@ -356,8 +356,17 @@ Tensor grad_sum_of_squares(const std::vector<Tensor>& params, Device device) {
 void scale_grads_to_norm(const std::vector<Tensor>& params, double max_norm, double norm) {
   NoGradGuard no_grad;
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1)
-    for (const Tensor& g : grads_of(params)) Tensor(g).mul_(coef);
+  if (coef >= 1) return;
+  // One coefficient tensor per dtype and device, shared by every gradient: a launch per gradient,
+  // not a fill and a multiply each.
+  std::vector<Tensor> coefs;
+  for (const Tensor& g : grads_of(params)) {
+    auto it = std::find_if(coefs.begin(), coefs.end(),
+                           [&g](const Tensor& c) { return c.dtype() == g.dtype() && c.device() == g.device(); });
+    if (it == coefs.end()) it = coefs.insert(coefs.end(), scalar_tensor(coef, g.options()));
+    Tensor target = g;
+    kernels::binary_("clip_grad_norm", kernels::Binary::Mul, target, *it);
+  }
 }
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {

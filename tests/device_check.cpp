@@ -614,6 +614,7 @@ void check_runtime(Device device) {
 // 1,500 (issue 22). Lower them when the step needs fewer; never raise them to let a change in.
 constexpr int64_t kSyncBudget = 1;
 constexpr int64_t kLaunchBudget = 900;
+constexpr int64_t kLmLaunchBudget = 310;
 
 void check_step_budget(Device device) {
   models::TransformerConfig c;
@@ -644,6 +645,33 @@ void check_step_budget(Device device) {
   std::printf("device_check: the base train step on %s: %lld syncs (budget %lld), %lld launches (budget %lld)\n",
               device_name(device).c_str(), (long long)n.syncs, (long long)kSyncBudget, (long long)n.launches,
               (long long)kLaunchBudget);
+
+  // The GPT recipe's step (the bench's `lm` workload: mini, block 64, batch 32, AdamW with groups,
+  // clipping at 1): the same one sync, clipping included; 301 launches measured.
+  models::GPTConfig g = models::GPTConfig::named("mini", 4000);
+  g.block_size = 64, g.dropout = 0.1;
+  models::GPT gpt(g);
+  gpt.to(device);
+  optim::AdamOptions go;
+  go.lr = 2e-3, go.beta1 = 0.9, go.beta2 = 0.95, go.eps = 1e-8, go.weight_decay = 0.1;
+  optim::AdamW adamw({{gpt.decay_parameters(), std::nullopt, 0.1}, {gpt.no_decay_parameters(), std::nullopt, 0.0}}, go);
+  Tensor ids = randint(0, 4000, {32, 65}, kInt64, &data);
+  Tensor x = ids.slice(1, 0, 64).contiguous().to(device), y = ids.slice(1, 1, 65).contiguous().to(device);
+  apps::TrainerOptions lm_options;
+  lm_options.progress = false, lm_options.clip_norm = 1.0;
+  apps::Trainer lm_trainer(gpt, adamw, nullptr, lm_options);
+  const std::vector<apps::TrainBatch> lm_batch = {{32 * 64, [&] { return gpt.loss(x, y); }}};
+  lm_trainer.step(lm_batch);
+  runtime::reset_counts();
+  lm_trainer.step(lm_batch);
+  const runtime::Counts m = runtime::counts();
+  expect(m.syncs <= kSyncBudget, fmt::format("the GPT (lm) train step with clipping on {} synchronises {} times (budget {})",
+                                             device_name(device), m.syncs, kSyncBudget));
+  expect(!device.is_emulated() || m.launches <= kLmLaunchBudget,
+         fmt::format("the GPT (lm) train step on {} launches {} kernels (budget {})", device_name(device), m.launches,
+                     kLmLaunchBudget));
+  std::printf("device_check: the lm train step on %s: %lld syncs, %lld launches (budget %lld)\n",
+              device_name(device).c_str(), (long long)m.syncs, (long long)m.launches, (long long)kLmLaunchBudget);
 }
 
 // Everything above that holds on any device.

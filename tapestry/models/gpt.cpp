@@ -122,7 +122,7 @@ Tensor GPT::forward(const Tensor& ids_in, GPTCache* cache, const Tensor& positio
              positions.sizes());
     pos = wpe->forward(positions);  // [B, T, D]; the embedding checks the range
   } else {
-    pos = wpe->forward(arange(past + T, TensorOptions(DType::Int64, ids.device())).slice(0, past, past + T));  // [T, D]
+    pos = wpe->forward(position_range(ids.device()).slice(0, past, past + T));  // [T, D]
   }
   Tensor x = drop->forward(wte->forward(ids) + pos);
   // Without cached keys the causal mask is the fused kernel's flag; new tokens after cached
@@ -130,14 +130,20 @@ Tensor GPT::forward(const Tensor& ids_in, GPTCache* cache, const Tensor& positio
   bool causal = past == 0 && T > 1;
   Tensor attn_mask = mask;
   if (past > 0 && T > 1) {
-    const TensorOptions on(DType::Int64, ids.device());
-    Tensor future = gt(arange(past + T, on).unsqueeze(0), add(arange(T, on), static_cast<double>(past)).unsqueeze(1));
+    const Tensor& range = position_range(ids.device());
+    Tensor future = gt(range.slice(0, 0, past + T).unsqueeze(0), range.slice(0, past, past + T).unsqueeze(1));
     attn_mask = attn_mask.defined() ? logical_or(attn_mask, future) : future;
   }
   if (cache && cache->layers.empty()) cache->layers.resize(blocks->size());
   for (size_t i = 0; i < blocks->size(); ++i)
     x = blocks->at<GPTBlock>(i)->forward(x, attn_mask, causal, cache ? &cache->layers[i] : nullptr);
   return head->forward(ln_f->forward(x));
+}
+
+const Tensor& GPT::position_range(Device device) {
+  if (!position_range_.defined() || position_range_.device() != device)
+    position_range_ = arange(config.block_size, TensorOptions(DType::Int64, device));
+  return position_range_;
 }
 
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {

@@ -86,6 +86,10 @@ class GPT : public nn::Module {
 
  private:
   void check_ids(const Tensor& ids, const GPTCache* cache) const;
+  // 0 .. block_size - 1 as int64 on the model's device, made once (and again after a move): a range
+  // made on the host every forward would be a copy up, a synchronisation on a GPU.
+  const Tensor& position_range(Device device);
+  Tensor position_range_;
 };
 
 // Reads a GPT-2 checkpoint in Hugging Face's safetensors layout (model.safetensors of

@@ -318,12 +318,18 @@ optim::AdamOptions transformer_adam() {
   return ao;
 }
 
+// A Transformer of 2 + 2 layers of width 32: the size of the step and decoding checks.
+models::TransformerConfig small_transformer(int64_t vocab, double dropout) {
+  models::TransformerConfig c;
+  c.src_vocab = c.tgt_vocab = vocab;
+  c.d_model = 32, c.heads = 4, c.d_ff = 64, c.enc_layers = c.dec_layers = 2, c.dropout = dropout, c.pad_id = 0;
+  return c;
+}
+
 // One Transformer step with dropout on, on the CPU and on `device`, from the same weights and
 // seeds: the loss, every gradient and every weight after Adam.
 void check_transformer_step(Device device, DType dtype) {
-  models::TransformerConfig c;
-  c.src_vocab = c.tgt_vocab = 40;
-  c.d_model = 32, c.heads = 4, c.d_ff = 64, c.enc_layers = c.dec_layers = 2, c.dropout = 0.1, c.pad_id = 0;
+  const models::TransformerConfig c = small_transformer(40, 0.1);
   manual_seed(7);
   models::Transformer on_cpu(c);
   manual_seed(7);
@@ -455,9 +461,7 @@ void check_optimizers(Device device) {
 // Greedy decoding, beam search and GPT sampling give the CPU's tokens; a model saved from the
 // device loads back, on the device, to the same weights.
 void check_decoding_and_checkpoints(Device device) {
-  models::TransformerConfig c;
-  c.src_vocab = c.tgt_vocab = 30;
-  c.d_model = 32, c.heads = 4, c.d_ff = 64, c.enc_layers = c.dec_layers = 2, c.dropout = 0.0, c.pad_id = 0;
+  const models::TransformerConfig c = small_transformer(30, 0.0);
   manual_seed(17);
   models::Transformer on_cpu(c);
   manual_seed(17);

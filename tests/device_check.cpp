@@ -25,6 +25,7 @@
 #define DOCTEST_CONFIG_DISABLE
 #include <cstdio>
 #include <map>
+#include <memory>
 
 #include "apps/train/trainer.h"
 #include "tapestry/ops/cuda.h"
@@ -318,6 +319,24 @@ optim::AdamOptions transformer_adam() {
   return ao;
 }
 
+// Two models from the same seed (so the same weights): `cpu` on the CPU, `dev` on `device`, both in
+// `dtype`.
+template <class M> struct Twins {
+  std::unique_ptr<M> cpu, dev;
+};
+template <class M, class... Args>
+Twins<M> twins(uint64_t seed, DType dtype, Device device, const Args&... args) {
+  Twins<M> t;
+  manual_seed(seed);
+  t.cpu = std::make_unique<M>(args...);
+  manual_seed(seed);
+  t.dev = std::make_unique<M>(args...);
+  t.cpu->to(dtype);
+  t.dev->to(dtype);
+  t.dev->to(device);
+  return t;
+}
+
 // A Transformer of 2 + 2 layers of width 32: the size of the step and decoding checks.
 models::TransformerConfig small_transformer(int64_t vocab, double dropout) {
   models::TransformerConfig c;
@@ -330,13 +349,8 @@ models::TransformerConfig small_transformer(int64_t vocab, double dropout) {
 // seeds: the loss, every gradient and every weight after Adam.
 void check_transformer_step(Device device, DType dtype) {
   const models::TransformerConfig c = small_transformer(40, 0.1);
-  manual_seed(7);
-  models::Transformer on_cpu(c);
-  manual_seed(7);
-  models::Transformer on_dev(c);
-  on_cpu.to(dtype);
-  on_dev.to(dtype);
-  on_dev.to(device);
+  auto twin = twins<models::Transformer>(7, dtype, device, c);
+  models::Transformer &on_cpu = *twin.cpu, &on_dev = *twin.dev;
   Generator data(3);
   Tensor src = randint(1, 40, {4, 9}, kInt64, &data), tgt = randint(1, 40, {4, 8}, kInt64, &data);
   src.select(0, 0).narrow(0, 6, 3).fill_(0);  // padding in one sentence
@@ -358,13 +372,8 @@ void check_transformer_step(Device device, DType dtype) {
 void check_gpt_step(Device device, DType dtype) {
   models::GPTConfig c = models::GPTConfig::named("tiny", 50);
   c.block_size = 16, c.dropout = 0.1;
-  manual_seed(5);
-  models::GPT on_cpu(c);
-  manual_seed(5);
-  models::GPT on_dev(c);
-  on_cpu.to(dtype);
-  on_dev.to(dtype);
-  on_dev.to(device);
+  auto twin = twins<models::GPT>(5, dtype, device, c);
+  models::GPT &on_cpu = *twin.cpu, &on_dev = *twin.dev;
   Generator data(9);
   Tensor ids = randint(0, 50, {3, 13}, kInt64, &data);
   Tensor x = ids.narrow(1, 0, 12).contiguous(), y = ids.narrow(1, 1, 12).contiguous();
@@ -426,11 +435,8 @@ void check_optimizers(Device device) {
   };
   for (const Case& k : cases) {
     for (DType dtype : {kFloat64, kFloat32}) {
-      manual_seed(21);
-      Mlp on_cpu;
-      manual_seed(21);
-      Mlp on_dev;
-      on_cpu.to(dtype), on_dev.to(dtype), on_dev.to(device);
+      auto twin = twins<Mlp>(21, dtype, device);
+      Mlp &on_cpu = *twin.cpu, &on_dev = *twin.dev;
       auto opt_cpu = k.make(on_cpu), opt_dev = k.make(on_dev);
       Generator g(4);
       const Tensor x = randn({5, 6}, dtype, &g), w = randn({5, 3}, dtype, &g);
@@ -462,11 +468,8 @@ void check_optimizers(Device device) {
 // device loads back, on the device, to the same weights.
 void check_decoding_and_checkpoints(Device device) {
   const models::TransformerConfig c = small_transformer(30, 0.0);
-  manual_seed(17);
-  models::Transformer on_cpu(c);
-  manual_seed(17);
-  models::Transformer on_dev(c);
-  on_dev.to(device);
+  auto twin = twins<models::Transformer>(17, kFloat32, device, c);
+  models::Transformer &on_cpu = *twin.cpu, &on_dev = *twin.dev;
   Generator data(2);
   Tensor src = randint(3, 30, {3, 7}, kInt64, &data);
   src.select(0, 1).narrow(0, 5, 2).fill_(0);
@@ -486,11 +489,8 @@ void check_decoding_and_checkpoints(Device device) {
 
   models::GPTConfig g = models::GPTConfig::named("tiny", 40);
   g.block_size = 24, g.dropout = 0.0;
-  manual_seed(19);
-  models::GPT gpt_cpu(g);
-  manual_seed(19);
-  models::GPT gpt_dev(g);
-  gpt_dev.to(device);
+  auto gpts = twins<models::GPT>(19, kFloat32, device, g);
+  models::GPT &gpt_cpu = *gpts.cpu, &gpt_dev = *gpts.dev;
   models::SampleOptions so;
   so.max_new = 8, so.seed = 3, so.top_k = 10, so.top_p = 0.9, so.temperature = 0.8;
   const std::vector<std::vector<int64_t>> prompts = {{1, 2, 3}, {4}};

@@ -97,7 +97,7 @@ Device device_of_all(const char* op, const std::vector<Tensor>& tensors) {
 // The CUDA backend runs a few entries on the host (ops/cuda/host_fallback.cu: a copy down and one
 // back, two synchronisations). The emulated device counts them alike, so that its counts are a GPU's.
 void count_host_round_trip(Device device) {
-  if (device.is_emulated() && runtime::detail::emulated_kernel_depth.load(std::memory_order_relaxed) == 0) {
+  if (device.is_emulated() && !runtime::in_emulated_kernel()) {
     runtime::count_sync();
     runtime::count_sync();
   }
@@ -186,8 +186,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
   {
     // The host waits for the copy (the CUDA runtime synchronises both ways: ops/cuda/runtime.cu),
     // unless it is part of an emulated kernel's own work.
-    const bool in_kernel = runtime::detail::emulated_kernel_depth.load(std::memory_order_relaxed) > 0;
-    if (!in_kernel) runtime::count_sync();
+    if (!runtime::in_emulated_kernel()) runtime::count_sync();
     runtime::EmulatedKernel copying(false);  // the runtime's own copy may touch emulated memory
     ::tapestry::cuda::detail::copy_bytes(landing.raw_data(), landing.device(), staged.raw_data(), staged.device(),
                                          static_cast<size_t>(staged.numel()) * dtype_size(staged.dtype()));

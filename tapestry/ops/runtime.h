@@ -33,6 +33,9 @@ extern std::atomic<int> emulated_kernel_depth;
 [[noreturn]] void host_access_denied(const char* what, Device device);
 }  // namespace detail
 
+// True inside an EmulatedKernel scope: the kernel's own work, whose copies are not the host's syncs.
+inline bool in_emulated_kernel() { return detail::emulated_kernel_depth.load(std::memory_order_relaxed) > 0; }
+
 // Opens the emulated device's memory to the host: the dispatcher wraps each kernel it routes to the
 // emulated device in one (the outermost counts as a launch), and the runtime its copies.
 class EmulatedKernel {
@@ -49,8 +52,7 @@ class EmulatedKernel {
 // EmulatedKernel scope on the emulated device, never on a GPU (a device pointer is not for the host:
 // those callers pass it to a kernel or a library and must not call this).
 inline void check_host_access(const char* what, Device device) {
-  if (device.is_emulated() && detail::emulated_kernel_depth.load(std::memory_order_relaxed) == 0)
-    detail::host_access_denied(what, device);
+  if (device.is_emulated() && !in_emulated_kernel()) detail::host_access_denied(what, device);
 }
 
 }  // namespace tapestry::runtime

@@ -487,6 +487,26 @@ void check_decoding_and_checkpoints(Device device) {
              tokens(models::beam_search(on_cpu, src, 3, 0.6, dec)),
          where + ": beam search differs");
 
+  // Only what the search needs comes to the host (issue 22): per step, greedy copies [2, B] and
+  // beam search [2, B * K, 2K] (doubles), never the [rows, V] distribution. A vocabulary of 500
+  // makes one distribution alone larger than either whole budget.
+  if (!device.is_cpu()) {
+    auto wide = twins<models::Transformer>(23, kFloat32, device, small_transformer(500, 0.0));
+    Tensor wide_src = randint(3, 500, {3, 7}, kInt64, &data).to(device);
+    const int64_t B = 3, K = 3, max_steps = 7 + dec.max_extra, src_bytes = B * 7 * 8;
+    runtime::reset_counts();
+    models::greedy_decode(*wide.dev, wide_src, dec);
+    const int64_t greedy_bytes = runtime::counts().bytes_to_host;
+    runtime::reset_counts();
+    models::beam_search(*wide.dev, wide_src, K, 0.6, dec);
+    const int64_t beam_bytes = runtime::counts().bytes_to_host;
+    std::printf("device_check: bytes copied to the host: greedy %lld, beam search (K = %lld) %lld\n",
+                static_cast<long long>(greedy_bytes), static_cast<long long>(K), static_cast<long long>(beam_bytes));
+    expect(greedy_bytes <= max_steps * 2 * B * 8 + src_bytes, where + ": greedy decoding copies more than it needs");
+    expect(beam_bytes <= max_steps * 2 * B * K * 2 * K * 8 + src_bytes,
+           where + ": beam search copies more than it needs");
+  }
+
   models::GPTConfig g = models::GPTConfig::named("tiny", 40);
   g.block_size = 24, g.dropout = 0.0;
   auto gpts = twins<models::GPT>(19, kFloat32, device, g);

@@ -118,7 +118,14 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
   for (int64_t t = 0; t < max_steps; ++t) {
     Tensor lp = next_log_probs(model, prefixes, memory, src_mask, opt.use_cache ? &cache : nullptr);
     const int64_t V = lp.size(1);
-    std::vector<double> lpv = lp.to_vector<double>();
+    // Only what the search needs comes to the host: each row's M best continuations (score and
+    // token), one copy of [2, rows, M]. The 2K best of a sentence over all its beams are among
+    // its rows' 2K best each. Scores are added on the device in double, as the host would, so
+    // the ranking (ties: lower beam, then lower token) is the full search's exactly.
+    const int64_t M = std::min<int64_t>(2 * K, V);
+    Tensor row_scores = lp.to(DType::Float64) + tensor(scores, {B * K, 1}).to(lp.device());
+    auto [top_scores, top_tokens] = topk(row_scores, M, -1, /*largest=*/true, /*sorted=*/true);
+    const std::vector<double> top = stack({top_scores, top_tokens.to(DType::Float64)}, 0).to_vector<double>();
     std::vector<int64_t> origin(static_cast<size_t>(B * K));
     std::vector<std::vector<int64_t>> next_prefixes(static_cast<size_t>(B * K));
     std::vector<double> next_scores(static_cast<size_t>(B * K), NEG);
@@ -134,9 +141,11 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
       // The 2K best continuations over all beams of this sentence.
       std::vector<std::pair<double, int64_t>> cand;  // (score, k * V + token)
       for (int64_t k = 0; k < K; ++k) {
-        double base = scores[b * K + k];
-        if (base == NEG) continue;
-        for (int64_t v = 0; v < V; ++v) cand.emplace_back(base + lpv[(b * K + k) * V + v], k * V + v);
+        if (scores[b * K + k] == NEG) continue;
+        for (int64_t m = 0; m < M; ++m) {
+          const size_t at = static_cast<size_t>((b * K + k) * M + m);
+          cand.emplace_back(top[at], k * V + static_cast<int64_t>(top[static_cast<size_t>(B * K * M) + at]));
+        }
       }
       int64_t take = std::min<int64_t>(2 * K, static_cast<int64_t>(cand.size()));
       std::partial_sort(cand.begin(), cand.begin() + take, cand.end(),

@@ -22,6 +22,12 @@ inline Shape broadcast_strides(const Tensor& t, const Shape& shape) {
   return st;
 }
 
+// topk runs on the GPU when the selection is small and sorted (beam search takes 2 x beam per row):
+// the CUDA kernel makes k passes over each row, so a large k goes through the host instead
+// (ops/cuda/host_fallback.cu), as unsorted selections do.
+constexpr int64_t kDeviceTopkMax = 64;
+inline bool topk_on_device(int64_t k, bool sorted) { return sorted && k <= kDeviceTopkMax; }
+
 // A tensor of shape s as [outer, n, inner] around `dim` (a 0-d shape: [1, 1, 1]).
 struct DimSplit {
   int64_t outer = 1, n = 1, inner = 1;

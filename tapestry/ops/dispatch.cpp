@@ -96,10 +96,11 @@ Device device_of_all(const char* op, const std::vector<Tensor>& tensors) {
 
 // The CUDA backend runs a few entries on the host (ops/cuda/host_fallback.cu: a copy down and one
 // back, two synchronisations). The emulated device counts them alike, so that its counts are a GPU's.
-void count_host_round_trip(Device device) {
-  if (device.is_emulated() && !runtime::in_emulated_kernel()) {
+void count_host_round_trip(const Tensor& a) {
+  if (a.device().is_emulated() && !runtime::in_emulated_kernel()) {
     runtime::count_sync();
     runtime::count_sync();
+    runtime::count_bytes_to_host(a.numel() * static_cast<int64_t>(dtype_size(a.dtype())));
   }
 }
 
@@ -186,7 +187,10 @@ void copy_(const Tensor& dst, const Tensor& src) {
   {
     // The host waits for the copy (the CUDA runtime synchronises both ways: ops/cuda/runtime.cu),
     // unless it is part of an emulated kernel's own work.
-    if (!runtime::in_emulated_kernel()) runtime::count_sync();
+    if (!runtime::in_emulated_kernel()) {
+      runtime::count_sync();
+      if (dst.device().is_cpu()) runtime::count_bytes_to_host(staged.numel() * static_cast<int64_t>(dtype_size(staged.dtype())));
+    }
     runtime::EmulatedKernel copying(false);  // the runtime's own copy may touch emulated memory
     ::tapestry::cuda::detail::copy_bytes(landing.raw_data(), landing.device(), staged.raw_data(), staged.device(),
                                          static_cast<size_t>(staged.numel()) * dtype_size(staged.dtype()));
@@ -337,19 +341,19 @@ Tensor triangle(const char* op, const Tensor& a, int64_t diagonal, bool upper) {
   TP_ROUTE(op, a.device(), triangle(op, a, diagonal, upper));
 }
 Tensor cumsum(const Tensor& a, int64_t dim, bool reverse) {
-  count_host_round_trip(a.device());
+  count_host_round_trip(a);
   TP_ROUTE("cumsum", a.device(), cumsum(a, dim, reverse));
 }
 std::pair<Tensor, Tensor> sort(const Tensor& a, int64_t dim, bool descending, bool stable) {
-  count_host_round_trip(a.device());
+  count_host_round_trip(a);
   TP_ROUTE("sort", a.device(), sort(a, dim, descending, stable));
 }
 std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest, bool sorted) {
-  count_host_round_trip(a.device());
+  if (!topk_on_device(k, sorted)) count_host_round_trip(a);
   TP_ROUTE("topk", a.device(), topk(a, k, dim, largest, sorted));
 }
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, std::mt19937_64& engine) {
-  count_host_round_trip(probs.device());
+  count_host_round_trip(probs);
   TP_ROUTE("multinomial", probs.device(), multinomial(probs, num_samples, replacement, engine));
 }
 

@@ -9,6 +9,7 @@ namespace {
 // Relaxed atomics: counts only, read between steps; kernels may run on several host threads.
 std::atomic<int64_t> sync_count{0};
 std::atomic<int64_t> launch_count{0};
+std::atomic<int64_t> host_bytes{0};
 }  // namespace
 
 namespace detail {
@@ -22,13 +23,16 @@ void host_access_denied(const char* what, Device device) {
 }  // namespace detail
 
 Counts counts() {
-  return {sync_count.load(std::memory_order_relaxed), launch_count.load(std::memory_order_relaxed)};
+  return {sync_count.load(std::memory_order_relaxed), launch_count.load(std::memory_order_relaxed),
+          host_bytes.load(std::memory_order_relaxed)};
 }
 void reset_counts() {
   sync_count.store(0, std::memory_order_relaxed);
   launch_count.store(0, std::memory_order_relaxed);
+  host_bytes.store(0, std::memory_order_relaxed);
 }
 void count_sync() { sync_count.fetch_add(1, std::memory_order_relaxed); }
 void count_launch() { launch_count.fetch_add(1, std::memory_order_relaxed); }
+void count_bytes_to_host(int64_t bytes) { host_bytes.fetch_add(bytes, std::memory_order_relaxed); }
 
 }  // namespace tapestry::runtime

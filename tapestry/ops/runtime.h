@@ -20,11 +20,13 @@ namespace tapestry::runtime {
 struct Counts {
   int64_t syncs = 0;     // host synchronisations with a device
   int64_t launches = 0;  // kernel launches on a device (cuBLAS calls included)
+  int64_t bytes_to_host = 0;  // bytes copied from a device to the host
 };
 Counts counts();  // since the start of the process or the last reset_counts()
 void reset_counts();
 void count_sync();
 void count_launch();
+void count_bytes_to_host(int64_t bytes);
 
 namespace detail {
 // Nesting depth of EmulatedKernel scopes. Not thread-local: OpenMP's worker threads run inside the

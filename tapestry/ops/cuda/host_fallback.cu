@@ -1,6 +1,7 @@
 // Entries of the CUDA backend that run on the host: the tensor is copied to the CPU, the CPU
 // kernel runs, and the result is copied back. These are the ops of decoding and sampling (sort,
-// topk, cumsum, multinomial), called a few times per generated token, never in a training step; the round trip keeps their exact CPU semantics
+// cumsum, multinomial, and topk beyond a small sorted k: reduce.cu), called a few times per
+// generated token, never in a training step; the round trip keeps their exact CPU semantics
 // (stable order, NaN ranks, one engine draw per sample) in one place. Each is a candidate for a
 // device kernel when a profile shows it.
 #include "tapestry/ops/cuda/common.cuh"
@@ -13,11 +14,6 @@ Tensor cumsum(const Tensor& a, int64_t dim, bool reverse) {
 
 std::pair<Tensor, Tensor> sort(const Tensor& a, int64_t dim, bool descending, bool stable) {
   auto [values, indices] = cpu::sort(to_device(a, Device::CPU), dim, descending, stable);
-  return {to_device(values, a.device()), to_device(indices, a.device())};
-}
-
-std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest, bool sorted) {
-  auto [values, indices] = cpu::topk(to_device(a, Device::CPU), k, dim, largest, sorted);
   return {to_device(values, a.device()), to_device(indices, a.device())};
 }
 

@@ -266,6 +266,50 @@ __global__ void reduce_with_index_kernel(const T* in, T* values, int64_t* indice
   }
 }
 
+// ---- topk: k rounds per row, each the best element that ranks after the previous round's pick,
+// in the CPU's order (largest: NaN first, then values descending; smallest: values ascending,
+// NaN last; ties by lower index), so the selection is the CPU's exactly.
+
+template <class T, bool kLargest> struct TopkOrder {
+  // Whether a ranks before b (a strict total order: indices differ).
+  __device__ bool before(const ValIdx<T>& a, const ValIdx<T>& b) const {
+    const bool a_nan = is_nan(a.value), b_nan = is_nan(b.value);
+    if (a_nan != b_nan) return kLargest ? a_nan : b_nan;
+    if (a_nan || a.value == b.value) return a.index < b.index;
+    return kLargest ? a.value > b.value : a.value < b.value;
+  }
+  // index -1: no element yet (loses to every element).
+  __device__ ValIdx<T> identity() const { return {T(0), -1}; }
+  __device__ ValIdx<T> operator()(const ValIdx<T>& a, const ValIdx<T>& b) const {
+    if (a.index < 0) return b;
+    if (b.index < 0) return a;
+    return before(a, b) ? a : b;
+  }
+};
+
+template <class T, bool kLargest>
+__global__ void topk_kernel(const T* in, T* values, int64_t* indices, int64_t rows, int64_t n, int64_t k) {
+  const TopkOrder<T, kLargest> order;
+  TP_ROW_GROUPS(first, rows) {
+    const int64_t row = first + threadIdx.y;
+    ValIdx<T> prev = order.identity();
+    for (int64_t j = 0; j < k; ++j) {  // k is the same for every thread: group_reduce's barriers match
+      ValIdx<T> acc = order.identity();
+      if (row < rows)
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+          const ValIdx<T> c{in[row * n + i], i};
+          if (prev.index < 0 || order.before(prev, c)) acc = order(acc, c);
+        }
+      acc = group_reduce(acc, order);
+      if (row < rows && threadIdx.x == 0) {
+        values[row * k + j] = acc.value;
+        indices[row * k + j] = acc.index;
+      }
+      prev = acc;
+    }
+  }
+}
+
 // ---- softmax over one dim of a contiguous tensor viewed as [outer, n, inner]: row r starts at
 // (r / inner) * n * inner + r % inner and steps by inner (the last dim: inner = 1, contiguous rows)
 
@@ -549,6 +593,57 @@ std::pair<Tensor, Tensor> reduce_with_index(const char* op, Reduce kind, const T
     TP_CUDA_LAUNCHED(op);
   });
   return {values, indices};
+}
+
+std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest, bool sorted) {
+  if (!topk_on_device(k, sorted) || a.dim() == 0) {  // through the host (see host_fallback.cu)
+    auto [values, indices] = cpu::topk(to_device(a, Device::CPU), k, dim, largest, sorted);
+    return {to_device(values, a.device()), to_device(indices, a.device())};
+  }
+  dim = wrap_dim("topk", dim, a.dim());
+  const int64_t n = a.size(dim);
+  TP_CHECK(k >= 0 && k <= n, "topk: selected index k out of range: k = {} for dim {} of size {} (input shape {})", k,
+           dim, n, a.sizes());
+  // Rows along `dim`: the input seen with `dim` last, [kept..., n], and the result [kept..., k],
+  // returned as a view with `dim` back in place and made contiguous (the CPU's layout).
+  const int64_t nd = a.dim();
+  Shape sizes, strides, kept;
+  for (int64_t d = 0; d < nd; ++d)
+    if (d != dim) {
+      sizes.push_back(a.size(d));
+      strides.push_back(a.stride(d));
+      kept.push_back(a.size(d));
+    }
+  sizes.push_back(n);
+  strides.push_back(a.stride(dim));
+  kept.push_back(k);
+  Tensor values = empty_on(kept, a.dtype(), a.device());
+  Tensor indices = empty_on(kept, DType::Int64, a.device());
+  const int64_t rows = n == 0 ? 0 : values.numel() / std::max<int64_t>(k, 1);
+  dispatch_numeric(a.dtype(), "topk", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (rows == 0 || k == 0) return;
+    Tensor in = contiguous(tapestry::make_tensor(a.impl().storage, sizes, strides, a.offset(), a.dtype()));
+    const RowGroups lg = row_groups(rows, n);
+    if (largest)
+      topk_kernel<T, true><<<lg.grid, lg.block, 0, stream()>>>(in.data_ptr<T>(), values.data_ptr<T>(),
+                                                               indices.data_ptr<int64_t>(), rows, n, k);
+    else
+      topk_kernel<T, false><<<lg.grid, lg.block, 0, stream()>>>(in.data_ptr<T>(), values.data_ptr<T>(),
+                                                                indices.data_ptr<int64_t>(), rows, n, k);
+    TP_CUDA_LAUNCHED("topk");
+  });
+  if (dim == nd - 1) return {values, indices};
+  // [kept..., k] back to the input's dim order: k moves from last to `dim`.
+  auto restore = [&](const Tensor& t) {
+    Shape s = t.sizes(), st = t.strides();
+    s.insert(s.begin() + dim, s.back());
+    st.insert(st.begin() + dim, st.back());
+    s.pop_back();
+    st.pop_back();
+    return contiguous(tapestry::make_tensor(t.impl().storage, s, st, t.offset(), t.dtype()));
+  };
+  return {restore(values), restore(indices)};
 }
 
 Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {

@@ -3,17 +3,29 @@
 # pkg-config. Both are relocatable: they find the prefix from where they are installed.
 include(CMakePackageConfigHelpers)
 
-# ops/cpu/ holds the kernels' internal loops (OpenMP pragmas): no public header includes it.
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/tapestry/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tapestry
-        FILES_MATCHING PATTERN "*.h" PATTERN "cpu" EXCLUDE)
-install(FILES ${PROJECT_BINARY_DIR}/include/tapestry/version.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tapestry)
+# Only the public headers: the engine's folders without their internals (ops/detail/: the kernel
+# entries, backends' shared rules and math; ops/cpu/ and ops/cuda/: the backends), which no public
+# header includes (tools/check-layers.py checks it).
+foreach(part ops autograd nn optim models dist)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${part}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tapestry/${part}
+          FILES_MATCHING PATTERN "*.h" PATTERN "detail" EXCLUDE PATTERN "cpu" EXCLUDE PATTERN "cuda" EXCLUDE)
+endforeach()
+install(FILES ${PROJECT_SOURCE_DIR}/tapestry.h ${PROJECT_BINARY_DIR}/include/tapestry/version.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tapestry)
 install(TARGETS tapestry EXPORT tapestryTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The dist component has an export set of its own, loaded only when asked for, so that only its
+# users need MPI (and NCCL) found.
+install(TARGETS tapestry_dist EXPORT tapestryDistTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 set(TAPESTRY_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/tapestry)
 install(EXPORT tapestryTargets NAMESPACE tapestry:: DESTINATION ${TAPESTRY_CMAKE_DIR})
+install(EXPORT tapestryDistTargets NAMESPACE tapestry:: DESTINATION ${TAPESTRY_CMAKE_DIR})
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/tapestryConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/tapestryConfig.cmake INSTALL_DESTINATION ${TAPESTRY_CMAKE_DIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/tapestryConfigVersion.cmake COMPATIBILITY SameMinorVersion)
@@ -25,15 +37,12 @@ if(TAPESTRY_OPENMP)
   set(TAPESTRY_PC_OPENMP " -fopenmp")
 endif()
 get_target_property(TAPESTRY_LIBRARY_TYPE tapestry TYPE)
-if(TAPESTRY_MPI)
-  set(TAPESTRY_PC_MPI " -lmpi")  # OpenMPI's C library (mpicc --showme:link)
-endif()
 if(TAPESTRY_LIBRARY_TYPE STREQUAL "STATIC_LIBRARY")
-  set(TAPESTRY_PC_LIBS "-L\${libdir} -ltapestry -lopenblas -lz${TAPESTRY_PC_OPENMP}${TAPESTRY_PC_MPI}")
+  set(TAPESTRY_PC_LIBS "-L\${libdir} -ltapestry -lopenblas -lz${TAPESTRY_PC_OPENMP}")
   set(TAPESTRY_PC_LIBS_PRIVATE "")
 else()
   set(TAPESTRY_PC_LIBS "-L\${libdir} -ltapestry")
-  set(TAPESTRY_PC_LIBS_PRIVATE "-lopenblas -lz${TAPESTRY_PC_OPENMP}${TAPESTRY_PC_MPI}")
+  set(TAPESTRY_PC_LIBS_PRIVATE "-lopenblas -lz${TAPESTRY_PC_OPENMP}")
 endif()
 configure_file(${CMAKE_CURRENT_LIST_DIR}/tapestry.pc.in ${PROJECT_BINARY_DIR}/tapestry.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/tapestry.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -29,7 +29,7 @@
 
 #include "apps/train/trainer.h"
 #include "tapestry/ops/cuda.h"
-#include "tapestry/ops/kernels.h"
+#include "tapestry/ops/detail/kernels.h"
 #include "tapestry/ops/runtime.h"
 #include "tests/helpers.h"
 #include "tests/opinfo.h"

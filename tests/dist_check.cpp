@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "apps/train/trainer.h"
+#include "tapestry/dist/dist.h"
 #include "tapestry/tapestry.h"
 #define DOCTEST_CONFIG_DISABLE  // helpers.h without doctest's runner: a program, not a test suite
 #include "tests/helpers.h"  // max_diff

@@ -401,7 +401,7 @@ TEST_CASE("scaled_dot_product_attention: errors, and empty sizes") {
   CHECK(scaled_dot_product_attention(qb, kb, vb, pad0).sizes() == Shape{0, 3, 5, 2});
 }
 
-TEST_CASE("MultiHeadAttention: is_causal equals the causal mask; keep_attention still fills the weights") {
+TEST_CASE("MultiHeadAttention: is_causal equals the causal mask; the attention hook sees the weights") {
   CHECK(nn::causal_mask(3, 5).to_vector<bool>() == std::vector<bool>{false, true, true, true, true, false, false, true,
                                                                      true, true, false, false, false, true, true});
   CHECK(nn::causal_mask(3, 5).dtype() == kBool);
@@ -410,11 +410,12 @@ TEST_CASE("MultiHeadAttention: is_causal equals the causal mask; keep_attention 
   const int64_t T = 6;
   Tensor x = randn({2, T, 16}, {}, nullptr);
   Tensor xa = x.clone().requires_grad_(), xb = x.clone().requires_grad_();
-  mha.keep_attention = true;
+  Tensor seen;
+  mha.set_attention_hook([&seen](const Tensor& w) { seen = w; });
   Tensor a = mha.forward(xa, xa, xa, Tensor(), nullptr, false, true);
-  Tensor wa = mha.last_attention;
+  Tensor wa = seen;
   Tensor b = mha.forward(xb, xb, xb, nn::causal_mask(T, T));
-  Tensor wb = mha.last_attention;
+  Tensor wb = seen;
   CHECK(max_diff(a, b) <= 1e-6);
   Tensor g = randn({2, T, 16});
   (a * g).sum().backward();

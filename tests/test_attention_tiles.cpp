@@ -1,4 +1,4 @@
-// The CUDA backend's tiled attention (ops/attention_tiles.h), run on the CPU. Its kernels are
+// The CUDA backend's tiled attention (ops/detail/attention_tiles.h), run on the CPU. Its kernels are
 // written as the steps one thread takes between two barriers; here every step runs for every
 // thread of a block before the next step starts, which is all a barrier guarantees, so the
 // algorithm (online softmax, masks, causal skipping, dropout indices, the backward) is checked
@@ -12,7 +12,7 @@
 #include <limits>
 #include <vector>
 
-#include "tapestry/ops/attention_tiles.h"
+#include "tapestry/ops/detail/attention_tiles.h"
 #include "tapestry/ops/cuda.h"
 #include "tests/helpers.h"
 

@@ -1,7 +1,7 @@
 // Bad input: every mistake throws a tapestry::Error whose message names the op and the
 // shapes or values involved. The messages are part of the API; these tests pin them down.
 #include "tapestry/ops/cuda.h"
-#include "tapestry/ops/kernels.h"
+#include "tapestry/ops/detail/kernels.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;

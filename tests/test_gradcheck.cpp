@@ -4,7 +4,7 @@
 // pass with a random upstream gradient (see autograd/gradcheck.h).
 //
 // To add an op: add a row {name, input shapes, f, positive-input flags}.
-#include "tapestry/ops/kernels.h"
+#include "tapestry/ops/detail/kernels.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;

@@ -159,10 +159,10 @@ TEST_CASE("MultiHeadAttention: masks, attention weights, and the cache") {
   nn::MultiHeadAttention mha(8, 2);
   Tensor x = randn({2, 5, 8});
   Tensor causal = gt(arange(5).unsqueeze(0), arange(5).unsqueeze(1));
-  mha.keep_attention = true;
+  Tensor w;
+  mha.set_attention_hook([&w](const Tensor& weights) { w = weights; });
   Tensor out = mha.forward(x, x, x, causal);
   CHECK(out.sizes() == Shape{2, 5, 8});
-  Tensor w = mha.last_attention;
   CHECK(w.sizes() == Shape{2, 2, 5, 5});
   check_values(sum(w, {-1}), std::vector<double>(20, 1.0));
   CHECK(w.select(2, 0).select(2, 1).sum().item<float>() == 0.0f);  // position 0 never sees position 1
@@ -177,7 +177,8 @@ TEST_CASE("MultiHeadAttention: masks, attention weights, and the cache") {
   // Key padding mask [B, 1, 1, T]: padded keys get zero weight.
   Tensor pad = gt(tensor({0, 0, 0, 1, 1, 0, 0, 0, 0, 0}, {2, 1, 1, 5}), 0.0);
   mha.forward(x, x, x, pad);
-  CHECK(sum(mha.last_attention.select(0, 0).slice(-1, 3, 5)).item<float>() == 0.0f);
+  CHECK(sum(w.select(0, 0).slice(-1, 3, 5)).item<float>() == 0.0f);
+  mha.set_attention_hook(nullptr);
   // Incremental: feeding one position at a time through a cache equals the full causal pass.
   nn::KVCache cache;
   std::vector<Tensor> steps;

@@ -24,7 +24,7 @@ Subcommand add_attention(CLI::App& app) {
   attention->add_option("--weights", f->weights, "weights file in the checkpoint directory (as for translate)");
   return {attention, [f] {
     auto translator = apps::load_translator(f->dir, f->weights);
-    auto maps = apps::attention_maps(translator, f->sentence, f->target, f->layers);
+    auto maps = apps::attention_maps(*translator.model, *translator.subword, f->sentence, f->target, f->layers);
     apps::write_attention_html(f->out, maps);
     std::printf("source:      %s\ntranslation: %s\nwrote %zu maps (every head of each) to %s\n", maps.source.c_str(),
                 maps.translation.c_str(), maps.maps.size(), f->out.c_str());

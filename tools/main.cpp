@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "tapestry/dist/dist.h"
 #include "tapestry/tapestry.h"
 #include "tools/cli.h"
 #include "tools/config_file.h"

@@ -23,6 +23,10 @@ tools/setup.sh
 tools/setup-reference.sh
 tools/get-gpt2-tokenizer.sh  # the GPT-2 tokenizer tests read its vocabulary files
 
+# The layer check first (seconds): every #include runs down ops <- autograd <- nn <- optim/models/dist
+# <- apps <- tools, and no public header includes an internal one.
+python3 tools/check-layers.py
+
 stages="${TAPESTRY_TEST_STAGES:-release cuda sanitize fuzz}"
 [ "${TAPESTRY_SANITIZE:-OFF}" = "ON" ] && stages=sanitize
 jobs="$(nproc)"

@@ -8,6 +8,7 @@
 #include "apps/tasks/copy_task.h"
 #include "apps/tasks/language_model.h"
 #include "apps/tasks/translation.h"
+#include "tapestry/dist/dist.h"
 #include "tapestry/tapestry.h"
 #include "tools/cli.h"
 

@@ -2,6 +2,7 @@
 #include "apps/eval/attention_map.h"
 
 #include <algorithm>
+#include <map>
 
 #include "tapestry/autograd/grad_mode.h"
 #include "tapestry/nn/safetensors.h"
@@ -61,10 +62,8 @@ std::string head_svg(const float* w, const std::vector<std::string>& rows, const
 
 }  // namespace
 
-AttentionMaps attention_maps(Translator& t, const std::string& sentence, const std::string& target,
-                             const std::vector<int64_t>& layers) {
-  Transformer& model = *t.model;
-  const Subword& sp = *t.subword;
+AttentionMaps attention_maps(Transformer& model, const Subword& sp, const std::string& sentence,
+                             const std::string& target, const std::vector<int64_t>& layers) {
   const auto& cfg = model.config;
   const int64_t max_layers = std::max(cfg.enc_layers, cfg.dec_layers);
   for (int64_t l : layers)
@@ -99,19 +98,22 @@ AttentionMaps attention_maps(Translator& t, const std::string& sentence, const s
   for (size_t i = 0; i < model.decoder_layers->size(); ++i) dec.push_back(model.decoder_layers->at<DecoderLayer>(i));
   for (auto& l : enc) modules.push_back(l->self_attn);
   for (auto& l : dec) modules.push_back(l->self_attn), modules.push_back(l->src_attn);
-  for (auto& m : modules) m->keep_attention = true;
+  // One teacher-forced forward, each attention module's weights caught by a hook.
+  std::map<const nn::MultiHeadAttention*, Tensor> caught;
+  for (auto& m : modules) {
+    const nn::MultiHeadAttention* key = m.get();
+    m->set_attention_hook([&caught, key](const Tensor& w) { caught[key] = w; });
+  }
   {
     NoGradGuard no_grad;
     model.eval();
     const int64_t T = static_cast<int64_t>(tgt_in.size());
     model.forward(tensor(src_ids, {1, S}), tensor(tgt_in, {1, T}));
   }
-  for (auto& m : modules) m->keep_attention = false;
+  for (auto& m : modules) m->set_attention_hook(nullptr);
   auto take = [&](const char* kind, int64_t layer, nn::MultiHeadAttention& m, const std::vector<std::string>& rows,
                   const std::vector<std::string>& cols) {
-    AttentionMap map{kind, layer, m.last_attention.select(0, 0).contiguous(), rows, cols};
-    m.last_attention = Tensor();
-    out.maps.push_back(std::move(map));
+    out.maps.push_back(AttentionMap{kind, layer, caught.at(&m).select(0, 0).contiguous(), rows, cols});
   };
   for (size_t l = 0; l < enc.size(); ++l)
     if (wanted(static_cast<int64_t>(l))) take("encoder self-attention", static_cast<int64_t>(l), *enc[l]->self_attn, src_pieces, src_pieces);

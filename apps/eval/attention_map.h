@@ -7,7 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "apps/tasks/translation.h"
+#include "apps/data/subword.h"
+#include "tapestry/models/transformer.h"
 
 namespace tapestry::apps {
 
@@ -26,8 +27,8 @@ struct AttentionMaps {
 // Runs the model once, teacher-forced on `target` (empty: its own beam-4 translation of the
 // sentence), keeping the attention weights. `layers` picks layers by index (empty: all); a layer
 // the model does not have throws a tapestry::Error naming it.
-AttentionMaps attention_maps(Translator& translator, const std::string& sentence, const std::string& target = "",
-                             const std::vector<int64_t>& layers = {});
+AttentionMaps attention_maps(models::Transformer& model, const Subword& subword, const std::string& sentence,
+                             const std::string& target = "", const std::vector<int64_t>& layers = {});
 
 // The maps as one HTML page (inline SVG, no scripts or downloads), written atomically.
 void write_attention_html(const std::string& path, const AttentionMaps& maps);

@@ -32,7 +32,7 @@ struct TrainBatch {
 // calls plan() for its epoch and then batch() from where it stopped, so a plan must follow from
 // the epoch alone (and the task's seed), never from earlier calls.
 //
-// Data parallelism (tapestry/dist, `mpirun -np N tapestry train ...`): the plan is of global
+// Data parallelism (dist, `mpirun -np N tapestry train ...`): the plan is of global
 // batches, the same on every rank; the Trainer calls set_shard(rank, world) first, and batch(i)
 // then gives only this rank's shard of global batch i (shard_of: every world-th example from
 // rank on), which may be empty (tokens 0, no loss).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tapestry's GPT (tapestry/models/gpt.h) written the plain PyTorch way, as the reference for
+"""tapestry's GPT (models/gpt.h) written the plain PyTorch way, as the reference for
 the GPT parity test, plus a writer of small random GPT-2 checkpoints in Hugging Face's layout.
 
     /usr/bin/python3 tools/reference/gpt_ref.py check DUMP.safetensors [--verbose]

@@ -1,0 +1,43 @@
+// scaled_dot_product_attention: the fused kernel (ops/cpu/attention.cpp) forward and backward.
+#include <cmath>
+
+#include "tapestry/autograd/functions.h"
+#include "tapestry/ops/detail/kernels.h"
+
+namespace tapestry {
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                    bool is_causal, double dropout_p, std::optional<double> scale, Generator* gen) {
+  const char* op = "scaled_dot_product_attention";
+  TP_CHECK(q.defined() && k.defined() && v.defined(), "{}: q, k and v must be defined", op);
+  TP_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(),
+           "{}: expected q [..., Tq, E], k [..., Tk, E], v [..., Tk, Ev] with the same number of dims (at least 2), "
+           "got {}, {}, {}", op, q.sizes(), k.sizes(), v.sizes());
+  TP_CHECK(is_floating(q.dtype()) && k.dtype() == q.dtype() && v.dtype() == q.dtype(),
+           "{}: q, k and v must share one floating dtype, got {}, {}, {}", op, q.dtype(), k.dtype(), v.dtype());
+  bool lead_ok = k.size(-1) == q.size(-1) && v.size(-2) == k.size(-2);
+  for (int64_t d = 0; lead_ok && d < q.dim() - 2; ++d) lead_ok = k.size(d) == q.size(d) && v.size(d) == q.size(d);
+  TP_CHECK(lead_ok, "{}: expected q [..., Tq, E], k [..., Tk, E], v [..., Tk, Ev] with the same leading dims, got {}, "
+           "{}, {}", op, q.sizes(), k.sizes(), v.sizes());
+  if (mask.defined())
+    TP_CHECK(mask.dtype() == DType::Bool, "{}: the mask must be Bool (true = masked out), got {} {}", op,
+             mask.dtype(), mask.sizes());
+  TP_CHECK(dropout_p >= 0 && dropout_p < 1, "{}: dropout_p must be in [0, 1), got {}", op, dropout_p);
+  const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(q.size(-1), 1)));
+  const uint64_t seed = dropout_p > 0 ? (gen ? *gen : default_generator()).engine()() : 0;
+  // Plain variables, not a structured binding: C++17 lambdas cannot capture those (clang refuses).
+  kernels::AttentionOut result = kernels::scaled_dot_product_attention(q, k, v, mask, is_causal, s, dropout_p, seed);
+  Tensor out = result.out, lse = result.lse;
+  if (!any_requires_grad({q, k, v})) return out;
+  SavedTensor sq(q, "ScaledDotProductAttentionBackward"), sk(k, "ScaledDotProductAttentionBackward"),
+      sv(v, "ScaledDotProductAttentionBackward"), so(out, "ScaledDotProductAttentionBackward");
+  Tensor m = mask.defined() ? mask.detach() : Tensor();
+  return record("ScaledDotProductAttentionBackward", out, {q, k, v},
+                [sq, sk, sv, so, lse, m, is_causal, s, dropout_p, seed](const Tensor& g) {
+                  auto r = kernels::scaled_dot_product_attention_backward(g, sq.get(), sk.get(), sv.get(), so.get(),
+                                                                          lse, m, is_causal, s, dropout_p, seed);
+                  return TensorList{r.dq, r.dk, r.dv};
+                });
+}
+
+}  // namespace tapestry

@@ -1,0 +1,111 @@
+// Indexing and joining: index_select / embedding (backward: index_add), gather (backward:
+// scatter_add), cat / stack (backward: slices of the gradient), split / chunk (views), dropout.
+#include "tapestry/autograd/functions.h"
+#include "tapestry/ops/detail/kernels.h"
+
+namespace tapestry {
+
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
+  dim = wrap_dim("index_select", dim, a.dim());
+  Tensor out = kernels::index_select("index_select", a, dim, index);
+  Shape in = a.sizes();
+  SavedTensor idx(index, "IndexSelectBackward");
+  return record("IndexSelectBackward", out, {a}, [in, dim, idx](const Tensor& g) {
+    return TensorList{kernels::index_add(in, dim, idx.get(), g)};
+  });
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx) {
+  TP_CHECK(weight.dim() == 2, "embedding: weight must be 2-D [vocab, dim], got shape {}", weight.sizes());
+  TP_CHECK(ids.dtype() == DType::Int64, "embedding: ids must be int64, got {} {}", ids.dtype(), ids.sizes());
+  // -1 means no padding row (PyTorch's None); PyTorch's negative padding_idx counting from the end is not supported.
+  TP_CHECK(padding_idx >= -1 && padding_idx < weight.size(0),
+           "embedding: padding_idx {} is out of range for a weight of {} rows (expected -1 for none, or [0, {}))",
+           padding_idx, weight.size(0), weight.size(0));
+  Tensor flat = kernels::contiguous(ids);
+  flat = make_tensor(flat.impl().storage, {flat.numel()}, {1}, flat.offset(), DType::Int64);
+  Tensor rows = kernels::index_select("embedding", weight, 0, flat);  // (N, D)
+  Shape out_shape = ids.sizes();
+  out_shape.push_back(weight.size(1));
+  Tensor out = make_tensor(rows.impl().storage, out_shape, contiguous_strides(out_shape), 0, rows.dtype());
+  Shape in = weight.sizes();
+  SavedTensor saved_ids(flat, "EmbeddingBackward");  // flat may share the caller's ids storage
+  return record("EmbeddingBackward", out, {weight}, [in, saved_ids, padding_idx](const Tensor& g) {
+    Tensor ids_flat = saved_ids.get();
+    Tensor gw = kernels::index_add(in, 0, ids_flat, reshape(g, {ids_flat.numel(), in[1]}));
+    if (padding_idx >= 0) kernels::fill_(select(gw, 0, padding_idx), 0.0);
+    return TensorList{gw};
+  });
+}
+
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
+  dim = wrap_dim("gather", dim, a.dim());
+  Tensor out = kernels::gather(a, dim, index);
+  Shape in = a.sizes();
+  SavedTensor idx(index, "GatherBackward");
+  return record("GatherBackward", out, {a}, [in, dim, idx](const Tensor& g) {
+    return TensorList{kernels::scatter_add(in, dim, idx.get(), g)};
+  });
+}
+
+Tensor cat(const TensorList& tensors, int64_t dim) {
+  Tensor out = kernels::cat(tensors, dim);
+  dim = wrap_dim("cat", dim, tensors[0].dim());
+  std::vector<int64_t> lengths;
+  for (const Tensor& t : tensors) lengths.push_back(t.size(dim));
+  return record("CatBackward", out, tensors, [lengths, dim](const Tensor& g) {
+    TensorList grads;
+    int64_t pos = 0;
+    for (int64_t len : lengths) {
+      grads.push_back(slice(g, dim, pos, pos + len));
+      pos += len;
+    }
+    return grads;
+  });
+}
+
+Tensor stack(const TensorList& tensors, int64_t dim) {
+  TP_CHECK(!tensors.empty(), "stack: expected a non-empty list of tensors");
+  dim = wrap_dim("stack", dim, tensors[0].dim() + 1);
+  TensorList parts;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TP_CHECK(tensors[i].sizes() == tensors[0].sizes(), "stack: tensor {} has shape {} but tensor 0 has shape {}", i,
+             tensors[i].sizes(), tensors[0].sizes());
+    parts.push_back(unsqueeze(tensors[i], dim));
+  }
+  return cat(parts, dim);
+}
+
+TensorList split(const Tensor& a, int64_t split_size, int64_t dim) {
+  TP_CHECK(a.dim() > 0, "split: cannot split a 0-dim tensor");
+  dim = wrap_dim("split", dim, a.dim());
+  TP_CHECK(split_size > 0 || (split_size == 0 && a.size(dim) == 0),
+           "split: split_size must be positive (0 only for an empty dim), got {} for dim {} of size {}", split_size, dim,
+           a.size(dim));
+  TensorList parts;
+  for (int64_t pos = 0; pos < a.size(dim); pos += split_size) parts.push_back(slice(a, dim, pos, pos + split_size));
+  if (parts.empty()) parts.push_back(a);
+  return parts;
+}
+
+TensorList chunk(const Tensor& a, int64_t chunks, int64_t dim) {
+  TP_CHECK(chunks > 0, "chunk: the number of chunks must be positive, got {}", chunks);
+  TP_CHECK(a.dim() > 0, "chunk: cannot chunk a 0-dim tensor");
+  dim = wrap_dim("chunk", dim, a.dim());
+  int64_t n = a.size(dim);
+  if (n == 0) return TensorList(static_cast<size_t>(chunks), slice(a, dim, 0, 0));  // as PyTorch: `chunks` empty parts
+  return split(a, (n + chunks - 1) / chunks, dim);
+}
+
+Tensor dropout(const Tensor& a, double p, bool training, Generator* gen) {
+  TP_CHECK(p >= 0 && p <= 1, "dropout: probability must be in [0, 1], got {}", p);
+  if (!training || p == 0) return a;
+  if (p == 1) return mul(a, 0.0);
+  // One draw from the generator seeds the whole mask; backward regenerates the same mask from
+  // the seed instead of keeping it.
+  const uint64_t seed = (gen ? *gen : default_generator()).engine()();
+  return record("DropoutBackward", kernels::dropout(a, p, seed), {a},
+                [p, seed](const Tensor& g) { return TensorList{kernels::dropout(g, p, seed)}; });
+}
+
+}  // namespace tapestry

@@ -1,0 +1,236 @@
+// Tensor's member functions: autograd state, and thin forwards to the free functions of
+// autograd/functions.h, plus the in-place ops (which bump the version and never record).
+#include <functional>
+
+#include "tapestry/autograd/functions.h"
+#include "tapestry/ops/detail/kernels.h"
+
+namespace tapestry {
+
+Tensor& Tensor::requires_grad_(bool on) {
+  TP_CHECK(!on || is_floating(dtype()), "requires_grad_: only floating-point tensors can require grad, got {} {}",
+           dtype(), sizes());
+  TP_CHECK(on || is_leaf(), "requires_grad_: cannot turn off requires_grad on a non-leaf tensor (use detach())");
+  impl().requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return impl().grad ? Tensor(impl().grad) : Tensor(); }
+void Tensor::zero_grad() { impl().grad.reset(); }
+std::string Tensor::grad_fn_name() const { return grad_fn() ? grad_fn()->name : ""; }
+
+void Tensor::backward(const Tensor& grad, bool retain_graph) const { run_backward(*this, grad, retain_graph); }
+
+HookHandle Tensor::register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook) const {
+  TP_CHECK(requires_grad() && is_leaf(),
+           "register_post_accumulate_grad_hook: the tensor of shape {} is not a leaf that requires grad", sizes());
+  TP_CHECK(static_cast<bool>(hook), "register_post_accumulate_grad_hook: empty hook");
+  static int64_t next_id = 0;
+  auto& hooks = impl().post_accumulate_grad_hooks;
+  hooks.emplace_back(next_id, std::move(hook));
+  return HookHandle(impl_ptr(), next_id++);
+}
+
+void HookHandle::remove() {
+  if (auto owner = owner_.lock()) {
+    auto& hooks = owner->post_accumulate_grad_hooks;
+    for (auto it = hooks.begin(); it != hooks.end(); ++it)
+      if (it->first == id_) {
+        hooks.erase(it);
+        break;
+      }
+  }
+  owner_.reset();
+}
+
+Tensor Tensor::detach() const {
+  const TensorImpl& i = impl();
+  return make_tensor(i.storage, i.shape, i.strides, i.offset, i.dtype);
+}
+
+Tensor Tensor::view(const Shape& shape) const { return tapestry::view(*this, shape); }
+Tensor Tensor::reshape(const Shape& shape) const { return tapestry::reshape(*this, shape); }
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const { return tapestry::transpose(*this, d0, d1); }
+Tensor Tensor::t() const {
+  TP_CHECK(dim() <= 2, "t: expects a tensor with at most 2 dims, got shape {}", sizes());
+  return dim() < 2 ? *this : tapestry::transpose(*this, 0, 1);
+}
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const { return tapestry::permute(*this, dims); }
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  return tapestry::slice(*this, d, start, end, step);
+}
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  int64_t wd = wrap_dim("narrow", d, dim());
+  TP_CHECK(start >= -size(wd) && start <= size(wd), "narrow: start {} is out of range for dim {} of size {} (tensor shape {})",
+           start, wd, size(wd), sizes());
+  if (start < 0) start += size(wd);  // as in PyTorch, a negative start counts from the end
+  TP_CHECK(start >= 0 && length >= 0 && length <= size(wd) - start,
+           "narrow: start {} + length {} exceeds dim {} of size {} (tensor shape {})", start, length, wd, size(wd),
+           sizes());
+  return tapestry::slice(*this, wd, start, start + length);
+}
+Tensor Tensor::select(int64_t d, int64_t index) const { return tapestry::select(*this, d, index); }
+Tensor Tensor::expand(const Shape& shape) const { return tapestry::expand(*this, shape); }
+Tensor Tensor::expand_as(const Tensor& other) const { return tapestry::expand(*this, other.sizes()); }
+Tensor Tensor::squeeze() const { return tapestry::squeeze(*this); }
+Tensor Tensor::squeeze(int64_t d) const { return tapestry::squeeze(*this, d); }
+Tensor Tensor::unsqueeze(int64_t d) const { return tapestry::unsqueeze(*this, d); }
+Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
+  if (dim() == 0) {
+    wrap_dim("flatten", start_dim, 0);
+    wrap_dim("flatten", end_dim, 0);
+    return reshape({1});
+  }
+  start_dim = wrap_dim("flatten", start_dim, dim());
+  end_dim = wrap_dim("flatten", end_dim, dim());
+  TP_CHECK(start_dim <= end_dim, "flatten: start_dim {} comes after end_dim {}", start_dim, end_dim);
+  Shape s(sizes().begin(), sizes().begin() + start_dim);
+  s.push_back(shape_numel(Shape(sizes().begin() + start_dim, sizes().begin() + end_dim + 1)));
+  s.insert(s.end(), sizes().begin() + end_dim + 1, sizes().end());
+  return reshape(s);
+}
+Tensor Tensor::contiguous() const { return tapestry::contiguous(*this); }
+Tensor Tensor::clone() const { return tapestry::clone(*this); }
+Tensor Tensor::to(DType dtype) const { return tapestry::to(*this, dtype); }
+Tensor Tensor::to(Device device) const { return tapestry::to(*this, device); }
+
+Tensor Tensor::exp() const { return tapestry::exp(*this); }
+Tensor Tensor::log() const { return tapestry::log(*this); }
+Tensor Tensor::sqrt() const { return tapestry::sqrt(*this); }
+Tensor Tensor::rsqrt() const { return tapestry::rsqrt(*this); }
+Tensor Tensor::tanh() const { return tapestry::tanh(*this); }
+Tensor Tensor::relu() const { return tapestry::relu(*this); }
+Tensor Tensor::gelu() const { return tapestry::gelu(*this); }
+Tensor Tensor::sigmoid() const { return tapestry::sigmoid(*this); }
+Tensor Tensor::abs() const { return tapestry::abs(*this); }
+Tensor Tensor::neg() const { return tapestry::neg(*this); }
+Tensor Tensor::pow(double e) const { return tapestry::pow(*this, e); }
+Tensor Tensor::clamp(double lo, double hi) const { return tapestry::clamp(*this, lo, hi); }
+Tensor Tensor::sum() const { return tapestry::sum(*this); }
+Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim) const { return tapestry::sum(*this, dims, keepdim); }
+Tensor Tensor::mean() const { return tapestry::mean(*this); }
+Tensor Tensor::mean(const std::vector<int64_t>& dims, bool keepdim) const {
+  return tapestry::mean(*this, dims, keepdim);
+}
+Tensor Tensor::softmax(int64_t d) const { return tapestry::softmax(*this, d); }
+Tensor Tensor::log_softmax(int64_t d) const { return tapestry::log_softmax(*this, d); }
+Tensor Tensor::matmul(const Tensor& other) const { return tapestry::matmul(*this, other); }
+Tensor Tensor::masked_fill(const Tensor& mask, double value) const { return tapestry::masked_fill(*this, mask, value); }
+
+// ---- in place
+//
+// Note [In-place autograd]: with grad mode on, an in-place op whose target or operand requires
+// grad is recorded as PyTorch records it. The out-of-place op computes the result (from a clone
+// of the target where its backward needs the old values), the result is written into the
+// target, and the target takes over the result's history. Each op's backward is thus the one of
+// its out-of-place form. Refused, naming the op: a leaf that requires grad (its .grad would lose
+// track of what it held), and a target whose storage another tensor shares (a view, or a tensor
+// saved for backward): PyTorch rewrites the base's history there, which this tape does not do.
+namespace {
+
+using OutOfPlace = std::function<Tensor(const Tensor& target)>;
+
+// Runs the op and returns true when it has to be recorded; false leaves it to the plain kernel.
+bool inplace_recorded(const char* op, Tensor& self, const TensorList& operands, const OutOfPlace& compute) {
+  check_inplace(op, self);
+  TensorList inputs = operands;
+  inputs.push_back(self);
+  if (!any_requires_grad(inputs)) return false;
+  TP_CHECK(self.impl().storage.use_count() == 1,
+           "{}: in-place operation on a tensor of shape {} that shares its storage with another tensor (a view, "
+           "or a tensor saved for backward), while autograd records it; use the out-of-place op",
+           op, self.sizes());
+  Tensor result = compute(self);
+  TP_CHECK(result.sizes() == self.sizes() && result.dtype() == self.dtype(),
+           "{}: the result {} {} cannot be written in place into a tensor {} {}", op, result.dtype(), result.sizes(),
+           self.dtype(), self.sizes());
+  kernels::copy_(self, result);
+  self.impl().grad_fn = result.grad_fn();
+  self.impl().requires_grad = true;
+  return true;
+}
+
+Tensor all_true(const Tensor& t) { return full({}, 1.0, TensorOptions(DType::Bool, t.device())).expand(t.sizes()); }
+
+}  // namespace
+
+Tensor& Tensor::fill_(double value) {
+  // The old values get a zero gradient: where() with an all-true mask records exactly that.
+  if (!inplace_recorded("fill_", *this, {}, [&](const Tensor& t) { return tapestry::masked_fill(t, all_true(t), value); }))
+    kernels::fill_(*this, value);
+  return *this;
+}
+Tensor& Tensor::zero_() {
+  if (!inplace_recorded("zero_", *this, {}, [&](const Tensor& t) { return tapestry::masked_fill(t, all_true(t), 0.0); }))
+    kernels::fill_(*this, 0.0);
+  return *this;
+}
+Tensor& Tensor::copy_(const Tensor& src) {
+  if (!inplace_recorded("copy_", *this, {src}, [&](const Tensor& t) {
+        return tapestry::where(all_true(t), tapestry::to(src, t.dtype()).expand(t.sizes()), t);
+      }))
+    kernels::copy_(*this, src);
+  return *this;
+}
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  if (!inplace_recorded("add_", *this, {other},
+                        [&](const Tensor& t) { return alpha == 1.0 ? add(t, other) : add(t, mul(other, alpha)); }))
+    kernels::binary_("add_", kernels::Binary::Add, *this,
+                     alpha == 1.0 ? other : kernels::binary("add_", kernels::Binary::Mul, other, scalar_tensor(alpha, other.options())));
+  return *this;
+}
+Tensor& Tensor::add_(double value) {
+  if (!inplace_recorded("add_", *this, {}, [&](const Tensor& t) { return add(t, value); }))
+    kernels::binary_("add_", kernels::Binary::Add, *this, scalar_tensor(value, options()));
+  return *this;
+}
+Tensor& Tensor::sub_(const Tensor& other) {
+  if (!inplace_recorded("sub_", *this, {other}, [&](const Tensor& t) { return sub(t, other); }))
+    kernels::binary_("sub_", kernels::Binary::Sub, *this, other);
+  return *this;
+}
+Tensor& Tensor::sub_(double value) {
+  if (!inplace_recorded("sub_", *this, {}, [&](const Tensor& t) { return sub(t, value); }))
+    kernels::binary_("sub_", kernels::Binary::Sub, *this, scalar_tensor(value, options()));
+  return *this;
+}
+Tensor& Tensor::mul_(const Tensor& other) {
+  // MulBackward keeps both operands, so the old target goes in as a clone.
+  if (!inplace_recorded("mul_", *this, {other}, [&](const Tensor& t) { return mul(tapestry::clone(t), other); }))
+    kernels::binary_("mul_", kernels::Binary::Mul, *this, other);
+  return *this;
+}
+Tensor& Tensor::mul_(double value) {
+  if (!inplace_recorded("mul_", *this, {}, [&](const Tensor& t) { return mul(t, value); }))
+    kernels::binary_("mul_", kernels::Binary::Mul, *this, scalar_tensor(value, options()));
+  return *this;
+}
+Tensor& Tensor::div_(const Tensor& other) {
+  if (!inplace_recorded("div_", *this, {other}, [&](const Tensor& t) { return div(tapestry::clone(t), other); }))
+    kernels::binary_("div_", kernels::Binary::Div, *this, other);
+  return *this;
+}
+Tensor& Tensor::div_(double value) {
+  if (!inplace_recorded("div_", *this, {}, [&](const Tensor& t) { return div(t, value); }))
+    kernels::binary_("div_", kernels::Binary::Div, *this, scalar_tensor(value, options()));
+  return *this;
+}
+Tensor& Tensor::masked_fill_(const Tensor& mask, double value) {
+  if (!inplace_recorded("masked_fill_", *this, {}, [&](const Tensor& t) { return tapestry::masked_fill(t, mask, value); }))
+    kernels::copy_(*this, kernels::where("masked_fill_", mask, scalar_tensor(value, options()), *this));
+  return *this;
+}
+Tensor& Tensor::uniform_(double lo, double hi) {
+  TP_CHECK(!(GradMode::is_enabled() && requires_grad()),
+           "uniform_: random fill of a tensor of shape {} that requires grad; wrap it in NoGradGuard", sizes());
+  kernels::uniform_(*this, lo, hi, default_generator().engine());
+  return *this;
+}
+Tensor& Tensor::normal_(double mean, double std) {
+  TP_CHECK(!(GradMode::is_enabled() && requires_grad()),
+           "normal_: random fill of a tensor of shape {} that requires grad; wrap it in NoGradGuard", sizes());
+  kernels::normal_(*this, mean, std, default_generator().engine());
+  return *this;
+}
+
+}  // namespace tapestry

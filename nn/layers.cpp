@@ -1,0 +1,170 @@
+// Layer implementations (see layers.h).
+#include "tapestry/nn/layers.h"
+
+#include <cmath>
+
+namespace tapestry::nn {
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias) {
+  TP_CHECK(in > 0 && out > 0, "Linear: features must be positive, got in={} out={}", in, out);
+  double bound = 1.0 / std::sqrt(static_cast<double>(in));
+  register_parameter("weight", weight, empty({out, in}).uniform_(-bound, bound));
+  if (with_bias) register_parameter("bias", bias, empty({out}).uniform_(-bound, bound));
+}
+
+Tensor Linear::forward(const Tensor& x) const {
+  TP_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "Linear: input of shape {} does not end in in_features={}",
+           x.sizes(), weight.size(1));
+  return linear(x, weight, bias);
+}
+
+Embedding::Embedding(int64_t num, int64_t dim, int64_t padding_idx_) : padding_idx(padding_idx_) {
+  TP_CHECK(padding_idx >= -1 && padding_idx < num,
+           "Embedding: padding_idx {} is out of range for {} embeddings (-1 for none)", padding_idx, num);
+  Tensor w = randn({num, dim});
+  if (padding_idx >= 0) w.select(0, padding_idx).zero_();
+  register_parameter("weight", weight, w);
+}
+
+Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids, padding_idx); }
+
+LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
+  register_parameter("weight", weight, ones({dim}));
+  register_parameter("bias", bias, zeros({dim}));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, {weight.size(0)}, weight, bias, eps); }
+
+Dropout::Dropout(double p_) : p(p_) {
+  TP_CHECK(p >= 0 && p < 1, "Dropout: probability must be in [0, 1), got {}", p);
+}
+
+Tensor Dropout::forward(const Tensor& x) const { return dropout(x, p, is_training()); }
+
+Tensor Sequential::forward(Tensor x) const {
+  for (const auto& f : steps_) x = f(x);
+  return x;
+}
+
+MultiHeadAttention::MultiHeadAttention(int64_t d_model_, int64_t heads_, double p)
+    : d_model(d_model_), heads(heads_) {
+  TP_CHECK(heads > 0 && d_model % heads == 0, "MultiHeadAttention: d_model {} is not divisible by {} heads", d_model,
+           heads);
+  d_k = d_model / heads;
+  w_q = register_module("w_q", std::make_shared<Linear>(d_model, d_model));
+  w_k = register_module("w_k", std::make_shared<Linear>(d_model, d_model));
+  w_v = register_module("w_v", std::make_shared<Linear>(d_model, d_model));
+  w_o = register_module("w_o", std::make_shared<Linear>(d_model, d_model));
+  dropout = register_module("dropout", std::make_shared<Dropout>(p));
+}
+
+Tensor causal_mask(int64_t tq, int64_t tk, Device device) {
+  // Made on the device, a fill and a triangle: ranges made on the host would be copied up every
+  // forward, a synchronisation each on a GPU.
+  return triu(full({tq, tk}, 1.0, TensorOptions(DType::Bool, device)), 1);
+}
+
+Tensor MultiHeadAttention::split_heads(const Tensor& x) const {
+  return x.view({x.size(0), x.size(1), heads, d_k}).transpose(1, 2);
+}
+
+// The mask must be Bool (true = masked out) and broadcast to the scores [B, H, Tq, Tk]; a wrong
+// one is named here, with the layer, rather than deep inside masked_fill.
+void MultiHeadAttention::check_mask(const Tensor& mask, int64_t batch, int64_t tq, int64_t tk) const {
+  TP_CHECK(mask.dtype() == DType::Bool, "{}: the mask must be Bool (true = masked out), got {} {}; for an additive "
+           "float mask use mask != 0 or a comparison", describe("MultiHeadAttention"), mask.dtype(), mask.sizes());
+  const Shape want = {batch, heads, tq, tk};
+  bool fits = mask.dim() <= 4;
+  for (int64_t i = 1; fits && i <= mask.dim(); ++i) {
+    const int64_t m = mask.size(mask.dim() - i), w = want[static_cast<size_t>(4 - i)];
+    fits = m == w || m == 1;
+  }
+  TP_CHECK(fits, "{}: the mask {} does not broadcast to the attention scores [B, H, Tq, Tk] = {}",
+           describe("MultiHeadAttention"), mask.sizes(), want);
+}
+
+Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& mask,
+                                   KVCache* cache, bool static_kv, bool is_causal) {
+  TP_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3 && query.size(2) == d_model &&
+               key.size(2) == d_model && value.size(2) == d_model && key.size(1) == value.size(1) &&
+               query.size(0) == key.size(0) && key.size(0) == value.size(0),
+           "{}: expected query [B, Tq, {}] and key/value [B, Tk, {}], got {}, {}, {}", describe("MultiHeadAttention"),
+           d_model, d_model, query.sizes(), key.sizes(), value.sizes());
+  Tensor q = split_heads(w_q->forward(query));  // [B, H, Tq, K]
+  Tensor k, v;                                  // [B, H, Tk, K]
+  if (cache && static_kv && cache->k.defined()) {
+    k = cache->k;
+    v = cache->v;
+  } else {
+    k = split_heads(w_k->forward(key));
+    v = split_heads(w_v->forward(value));
+    if (cache && !static_kv && cache->k.defined()) {
+      k = cat({cache->k, k}, 2);
+      v = cat({cache->v, v}, 2);
+    }
+    if (cache) {
+      cache->k = k;
+      cache->v = v;
+    }
+  }
+  if (mask.defined()) check_mask(mask, q.size(0), q.size(2), k.size(2));
+  TP_CHECK(!is_causal || q.size(2) == k.size(2) || q.size(2) == 1,
+           "{}: is_causal needs as many queries as keys (or one query, which sees every key), got Tq {} and Tk {}",
+           describe("MultiHeadAttention"), q.size(2), k.size(2));
+  // One query against a cache sees every key: nothing of it lies in the future.
+  const bool causal = is_causal && q.size(2) > 1;
+  if (attention_hook_) {
+    // The fused kernel never forms the weights; recompute them for the hook, without gradients.
+    NoGradGuard no_grad;
+    Tensor scores = matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(d_k)));
+    if (mask.defined()) scores = masked_fill(scores, mask, -1e9);
+    if (causal) scores = masked_fill(scores, causal_mask(q.size(2), k.size(2), q.device()), -1e9);
+    attention_hook_(softmax(scores, -1));
+  }
+  const double p = is_training() ? dropout->p : 0.0;
+  Tensor ctx = scaled_dot_product_attention(q, k, v, mask, causal, p);  // [B, H, Tq, K]
+  ctx = ctx.transpose(1, 2).reshape({query.size(0), query.size(1), d_model});
+  return w_o->forward(ctx);
+}
+
+PositionwiseFeedForward::PositionwiseFeedForward(int64_t d_model, int64_t d_ff, double p) {
+  w_1 = register_module("w_1", std::make_shared<Linear>(d_model, d_ff));
+  w_2 = register_module("w_2", std::make_shared<Linear>(d_ff, d_model));
+  dropout = register_module("dropout", std::make_shared<Dropout>(p));
+}
+
+Tensor PositionwiseFeedForward::forward(const Tensor& x) const {
+  return w_2->forward(dropout->forward(relu(w_1->forward(x))));
+}
+
+PositionalEncoding::PositionalEncoding(int64_t d_model_, double p, int64_t max_len) : d_model(d_model_) {
+  dropout = register_module("dropout", std::make_shared<Dropout>(p));
+  grow(max_len);
+}
+
+void PositionalEncoding::grow(int64_t len) {
+  // PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D))
+  const Device device = table_.defined() ? table_.device() : Device::CPU;
+  table_ = empty({len, d_model});  // written on the host, then moved to where the old table was
+  float* p = table_.data_ptr<float>();
+  for (int64_t pos = 0; pos < len; ++pos)
+    for (int64_t i = 0; i < d_model; i += 2) {
+      double angle = static_cast<double>(pos) / std::pow(10000.0, static_cast<double>(i) / d_model);
+      p[pos * d_model + i] = static_cast<float>(std::sin(angle));
+      if (i + 1 < d_model) p[pos * d_model + i + 1] = static_cast<float>(std::cos(angle));
+    }
+  table_ = table_.to(device);
+}
+
+Tensor PositionalEncoding::forward(const Tensor& x, int64_t offset) {
+  TP_CHECK(x.dim() == 3 && x.size(2) == d_model, "PositionalEncoding: expected [B, T, {}], got {}", d_model,
+           x.sizes());
+  int64_t end = offset + x.size(1);
+  if (table_.device() != x.device()) table_ = table_.to(x.device());  // moved once, kept there
+  if (end > table_.size(0)) grow(std::max(end, 2 * table_.size(0)));
+  Tensor pe = table_.slice(0, offset, end);
+  if (x.dtype() != pe.dtype()) pe = pe.to(x.dtype());
+  return dropout->forward(x + pe);
+}
+
+}  // namespace tapestry::nn

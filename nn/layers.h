@@ -1,0 +1,135 @@
+// The layers of the Transformer, libtorch-style: each is a Module whose constructor registers
+// its parameters under the names the PyTorch reference uses, and whose forward() is plain
+// autograd code. Shapes: B batch, T time (tokens), D d_model, H heads, K = D / H per head.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "tapestry/nn/module.h"
+
+namespace tapestry::nn {
+
+// y = x W^T + b; weight [out, in], bias [out]; init U(-1/sqrt(in), 1/sqrt(in)) as PyTorch's.
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& x) const;  // (..., in) -> (..., out)
+  Tensor weight, bias;
+};
+
+// Lookup table [num, dim], init N(0, 1). The padding row starts at zero and the lookup sends it
+// no gradient (a weight tied elsewhere, as the generator's, may still move it, as in PyTorch).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim, int64_t padding_idx = -1);
+  Tensor forward(const Tensor& ids) const;  // int64 (...) -> (..., dim)
+  Tensor weight;
+  int64_t padding_idx;
+};
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5);
+  Tensor forward(const Tensor& x) const;
+  Tensor weight, bias;
+  double eps;
+};
+
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p);
+  Tensor forward(const Tensor& x) const;  // identity in eval()
+  double p;
+};
+
+// Holds submodules registered as "0", "1", ...; Sequential also chains their forward().
+class ModuleList : public Module {
+ public:
+  template <class M> std::shared_ptr<M> push_back(std::shared_ptr<M> m) {
+    register_module(std::to_string(items_.size()), m);
+    items_.push_back(m);
+    return m;
+  }
+  size_t size() const { return items_.size(); }
+  const std::shared_ptr<Module>& operator[](size_t i) const { return items_.at(i); }
+  template <class M> std::shared_ptr<M> at(size_t i) const { return std::dynamic_pointer_cast<M>(items_.at(i)); }
+
+ private:
+  std::vector<std::shared_ptr<Module>> items_;
+};
+
+class Sequential : public Module {
+ public:
+  using Forward = std::function<Tensor(const Tensor&)>;
+  template <class M> Sequential& add(std::shared_ptr<M> m) {
+    register_module(std::to_string(steps_.size()), m);
+    steps_.push_back([m](const Tensor& x) { return m->forward(x); });
+    return *this;
+  }
+  Tensor forward(Tensor x) const;
+
+ private:
+  std::vector<Forward> steps_;
+};
+
+// [tq, tk] Bool, true where key j lies in the future of query i (j > i).
+Tensor causal_mask(int64_t tq, int64_t tk, Device device = Device::CPU);
+
+// Cached keys and values of one attention layer for incremental decoding: [B, H, T, K].
+struct KVCache {
+  Tensor k, v;
+};
+
+// softmax(Q K^T / sqrt(K)) V over H heads, then W_o. The mask is bool with true = masked out,
+// broadcastable to [B, H, Tq, Tk] (a key padding mask is [B, 1, 1, Tk], a causal one [Tq, Tk]).
+class MultiHeadAttention : public Module {
+ public:
+  MultiHeadAttention(int64_t d_model, int64_t heads, double dropout = 0.0);
+  // query [B, Tq, D], key/value [B, Tk, D] -> [B, Tq, D]. With a cache: static_kv (the encoder
+  // memory of cross-attention) projects key/value once and reuses them; otherwise the new keys
+  // and values are appended to the cache, so each decoding step costs one position.
+  // is_causal adds the causal mask (key j > query i masked), without materializing it.
+  // The attention runs through the fused scaled_dot_product_attention.
+  Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& mask = Tensor(),
+                 KVCache* cache = nullptr, bool static_kv = false, bool is_causal = false);
+  // An attention hook sees the weights [B, H, Tq, Tk] of every forward (the softmax of the scaled,
+  // masked scores, before dropout), for inspection and pictures. The fused kernel never forms
+  // them: they are recomputed, without gradients, only while a hook is set. An empty function
+  // removes the hook.
+  using AttentionHook = std::function<void(const Tensor& weights)>;
+  void set_attention_hook(AttentionHook hook) { attention_hook_ = std::move(hook); }
+
+  std::shared_ptr<Linear> w_q, w_k, w_v, w_o;
+  std::shared_ptr<Dropout> dropout;
+  int64_t d_model, heads, d_k;
+
+ private:
+  AttentionHook attention_hook_;
+  Tensor split_heads(const Tensor& x) const;  // [B, T, D] -> [B, H, T, K], a view
+  void check_mask(const Tensor& mask, int64_t batch, int64_t tq, int64_t tk) const;
+};
+
+// FFN(x) = W_2 dropout(relu(W_1 x + b_1)) + b_2
+class PositionwiseFeedForward : public Module {
+ public:
+  PositionwiseFeedForward(int64_t d_model, int64_t d_ff, double dropout = 0.0);
+  Tensor forward(const Tensor& x) const;
+  std::shared_ptr<Linear> w_1, w_2;
+  std::shared_ptr<Dropout> dropout;
+};
+
+// x + PE[offset : offset + T], then dropout. The table grows on demand, so any length works.
+class PositionalEncoding : public Module {
+ public:
+  PositionalEncoding(int64_t d_model, double dropout = 0.0, int64_t max_len = 512);
+  Tensor forward(const Tensor& x, int64_t offset = 0);  // [B, T, D]
+  std::shared_ptr<Dropout> dropout;
+  int64_t d_model;
+
+ private:
+  Tensor table_;  // [max_len, D], float32; not state: it is a function of d_model
+  void grow(int64_t len);
+};
+
+}  // namespace tapestry::nn

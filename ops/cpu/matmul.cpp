@@ -1,0 +1,92 @@
+// CPU matmul through OpenBLAS: 2-D and batched (leading dims broadcast). Strided operands are
+// passed to cblas_?gemm as transposes and leading dimensions; only a layout that no gemm call
+// can read (e.g. both strides > 1) is copied first.
+#include <cblas.h>
+
+#include "tapestry/ops/cpu/loops.h"
+#include "tapestry/ops/factory.h"
+#include "tapestry/ops/detail/backend.h"
+#include "tapestry/ops/profile.h"
+
+namespace tapestry::kernels::cpu {
+
+namespace {
+
+template <class T>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
+          int64_t ldc) {
+  auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+  else
+    cblas_dgemm(CblasRowMajor, opa, opb, M, N, K, 1.0, A, lda, B, ldb, 0.0, C, ldc);
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  TP_PROFILE("matmul");
+  const Shape batch = matmul_batch(a_in, b_in);
+  const int64_t M = a_in.size(-2), K = a_in.size(-1), N = b_in.size(-1);
+  Shape out_shape = batch;
+  out_shape.push_back(M);
+  out_shape.push_back(N);
+
+  Tensor a = a_in, b = b_in;
+  MatLayout la = gemm_layout(M, K, a.stride(-2), a.stride(-1));
+  if (!la.ok) {
+    a = contiguous(a);
+    la = gemm_layout(M, K, a.stride(-2), a.stride(-1));
+  }
+  MatLayout lb = gemm_layout(K, N, b.stride(-2), b.stride(-1));
+  if (!lb.ok) {
+    b = contiguous(b);
+    lb = gemm_layout(K, N, b.stride(-2), b.stride(-1));
+  }
+  dispatch_floating(a.dtype(), "matmul", [](auto) {});
+  Tensor out = empty(out_shape, a.options());
+  if (K == 0) fill_(out, 0.0);
+  if (K == 0 || out.numel() == 0) return out;
+
+  // Element offsets of each batch's matrix, with broadcast batch dims read at stride 0.
+  const int64_t n_batch = shape_numel(batch), nb = static_cast<int64_t>(batch.size());
+  auto batch_offsets = [&](const Tensor& t) {
+    std::vector<int64_t> offs(static_cast<size_t>(n_batch));
+    int64_t lead = nb - (t.dim() - 2);
+    for (int64_t i = 0; i < n_batch; ++i) {
+      int64_t rem = i, off = 0;
+      for (int64_t d = nb - 1; d >= 0; --d) {
+        int64_t idx = rem % batch[d];
+        rem /= batch[d];
+        int64_t td = d - lead;
+        if (td >= 0 && t.size(td) != 1) off += idx * t.stride(td);
+      }
+      offs[static_cast<size_t>(i)] = off;
+    }
+    return offs;
+  };
+  std::vector<int64_t> off_a = batch_offsets(a), off_b = batch_offsets(b);
+
+  dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* pa = a.data_ptr<T>();
+    const T* pb = b.data_ptr<T>();
+    T* pc = out.data_ptr<T>();
+    auto one = [&](int64_t i) {
+      gemm<T>(la.trans, lb.trans, M, N, K, pa + off_a[static_cast<size_t>(i)], la.ld, pb + off_b[static_cast<size_t>(i)],
+              lb.ld, pc + i * M * N, N);
+    };
+    // Many small matrices: one gemm per thread (OpenBLAS runs single-threaded inside a parallel
+    // region). Few large ones: one at a time, each using all threads.
+    if (n_batch > 1 && M * N * K < (1 << 18)) {
+      cpu::parallel_for(0, n_batch, 1, [&](int64_t b0, int64_t e0) {
+        for (int64_t i = b0; i < e0; ++i) one(i);
+      });
+    } else {
+      for (int64_t i = 0; i < n_batch; ++i) one(i);
+    }
+  });
+  return out;
+}
+
+}  // namespace tapestry::kernels::cpu

@@ -1,0 +1,24 @@
+// tapestry: the engine's public API in one include (ops, autograd, nn, optim, models). Data
+// parallelism is a component of its own: <tapestry/dist/dist.h>, linked as tapestry::dist.
+#pragma once
+#include "tapestry/version.h"
+#include "tapestry/autograd/anomaly.h"
+#include "tapestry/autograd/functions.h"
+#include "tapestry/autograd/grad_mode.h"
+#include "tapestry/autograd/gradcheck.h"
+#include "tapestry/autograd/node.h"
+#include "tapestry/models/gpt.h"
+#include "tapestry/models/transformer.h"
+#include "tapestry/nn/layers.h"
+#include "tapestry/nn/module.h"
+#include "tapestry/nn/safetensors.h"
+#include "tapestry/ops/cuda.h"
+#include "tapestry/ops/factory.h"
+#include "tapestry/ops/profile.h"
+#include "tapestry/ops/runtime.h"
+#include "tapestry/ops/tensor.h"
+#include "tapestry/optim/optimizer.h"
+
+namespace tapestry {
+constexpr const char* kVersion = TAPESTRY_VERSION;  // tapestry/version.h, from project() in CMakeLists.txt
+}

@@ -14,6 +14,7 @@
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/ops/cuda.h"
 #include "tapestry/ops/factory.h"
+#include "tapestry/ops/file.h"
 #include "tapestry/ops/profile.h"
 #include "tapestry/ops/runtime.h"
 #include "tapestry/ops/tensor.h"

@@ -116,6 +116,48 @@ Tensor Tensor::softmax(int64_t d) const { return tapestry::softmax(*this, d); }
 Tensor Tensor::log_softmax(int64_t d) const { return tapestry::log_softmax(*this, d); }
 Tensor Tensor::matmul(const Tensor& other) const { return tapestry::matmul(*this, other); }
 Tensor Tensor::masked_fill(const Tensor& mask, double value) const { return tapestry::masked_fill(*this, mask, value); }
+Tensor Tensor::add(const Tensor& other) const { return tapestry::add(*this, other); }
+Tensor Tensor::add(double other) const { return tapestry::add(*this, other); }
+Tensor Tensor::sub(const Tensor& other) const { return tapestry::sub(*this, other); }
+Tensor Tensor::sub(double other) const { return tapestry::sub(*this, other); }
+Tensor Tensor::mul(const Tensor& other) const { return tapestry::mul(*this, other); }
+Tensor Tensor::mul(double other) const { return tapestry::mul(*this, other); }
+Tensor Tensor::div(const Tensor& other) const { return tapestry::div(*this, other); }
+Tensor Tensor::div(double other) const { return tapestry::div(*this, other); }
+Tensor Tensor::maximum(const Tensor& other) const { return tapestry::maximum(*this, other); }
+Tensor Tensor::minimum(const Tensor& other) const { return tapestry::minimum(*this, other); }
+Tensor Tensor::eq(const Tensor& other) const { return tapestry::eq(*this, other); }
+Tensor Tensor::eq(double other) const { return tapestry::eq(*this, other); }
+Tensor Tensor::ne(const Tensor& other) const { return tapestry::ne(*this, other); }
+Tensor Tensor::ne(double other) const { return tapestry::ne(*this, other); }
+Tensor Tensor::lt(const Tensor& other) const { return tapestry::lt(*this, other); }
+Tensor Tensor::lt(double other) const { return tapestry::lt(*this, other); }
+Tensor Tensor::le(const Tensor& other) const { return tapestry::le(*this, other); }
+Tensor Tensor::le(double other) const { return tapestry::le(*this, other); }
+Tensor Tensor::gt(const Tensor& other) const { return tapestry::gt(*this, other); }
+Tensor Tensor::gt(double other) const { return tapestry::gt(*this, other); }
+Tensor Tensor::ge(const Tensor& other) const { return tapestry::ge(*this, other); }
+Tensor Tensor::ge(double other) const { return tapestry::ge(*this, other); }
+Tensor Tensor::logical_not() const { return tapestry::logical_not(*this); }
+Tensor Tensor::max() const { return tapestry::max(*this); }
+Tensor Tensor::min() const { return tapestry::min(*this); }
+ValuesIndices Tensor::max(int64_t dim, bool keepdim) const { return tapestry::max(*this, dim, keepdim); }
+ValuesIndices Tensor::min(int64_t dim, bool keepdim) const { return tapestry::min(*this, dim, keepdim); }
+Tensor Tensor::argmax(int64_t dim, bool keepdim) const { return tapestry::argmax(*this, dim, keepdim); }
+Tensor Tensor::argmin(int64_t dim, bool keepdim) const { return tapestry::argmin(*this, dim, keepdim); }
+Tensor Tensor::var(const std::vector<int64_t>& dims, int64_t correction, bool keepdim) const {
+  return tapestry::var(*this, dims, correction, keepdim);
+}
+Tensor Tensor::index_select(int64_t dim, const Tensor& index) const { return tapestry::index_select(*this, dim, index); }
+Tensor Tensor::gather(int64_t dim, const Tensor& index) const { return tapestry::gather(*this, dim, index); }
+Tensor Tensor::tril(int64_t diagonal) const { return tapestry::tril(*this, diagonal); }
+Tensor Tensor::triu(int64_t diagonal) const { return tapestry::triu(*this, diagonal); }
+Tensor Tensor::cumsum(int64_t dim) const { return tapestry::cumsum(*this, dim); }
+ValuesIndices Tensor::sort(int64_t dim, bool descending) const { return tapestry::sort(*this, dim, descending); }
+Tensor Tensor::argsort(int64_t dim, bool descending) const { return tapestry::argsort(*this, dim, descending); }
+ValuesIndices Tensor::topk(int64_t k, int64_t dim, bool largest, bool sorted) const {
+  return tapestry::topk(*this, k, dim, largest, sorted);
+}
 
 // ---- in place
 //
@@ -174,44 +216,44 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   if (!inplace_recorded("add_", *this, {other},
-                        [&](const Tensor& t) { return alpha == 1.0 ? add(t, other) : add(t, mul(other, alpha)); }))
+                        [&](const Tensor& t) { return alpha == 1.0 ? tapestry::add(t, other) : tapestry::add(t, tapestry::mul(other, alpha)); }))
     kernels::binary_("add_", kernels::Binary::Add, *this,
                      alpha == 1.0 ? other : kernels::binary("add_", kernels::Binary::Mul, other, scalar_tensor(alpha, other.options())));
   return *this;
 }
 Tensor& Tensor::add_(double value) {
-  if (!inplace_recorded("add_", *this, {}, [&](const Tensor& t) { return add(t, value); }))
+  if (!inplace_recorded("add_", *this, {}, [&](const Tensor& t) { return tapestry::add(t, value); }))
     kernels::binary_("add_", kernels::Binary::Add, *this, scalar_tensor(value, options()));
   return *this;
 }
 Tensor& Tensor::sub_(const Tensor& other) {
-  if (!inplace_recorded("sub_", *this, {other}, [&](const Tensor& t) { return sub(t, other); }))
+  if (!inplace_recorded("sub_", *this, {other}, [&](const Tensor& t) { return tapestry::sub(t, other); }))
     kernels::binary_("sub_", kernels::Binary::Sub, *this, other);
   return *this;
 }
 Tensor& Tensor::sub_(double value) {
-  if (!inplace_recorded("sub_", *this, {}, [&](const Tensor& t) { return sub(t, value); }))
+  if (!inplace_recorded("sub_", *this, {}, [&](const Tensor& t) { return tapestry::sub(t, value); }))
     kernels::binary_("sub_", kernels::Binary::Sub, *this, scalar_tensor(value, options()));
   return *this;
 }
 Tensor& Tensor::mul_(const Tensor& other) {
   // MulBackward keeps both operands, so the old target goes in as a clone.
-  if (!inplace_recorded("mul_", *this, {other}, [&](const Tensor& t) { return mul(tapestry::clone(t), other); }))
+  if (!inplace_recorded("mul_", *this, {other}, [&](const Tensor& t) { return tapestry::mul(tapestry::clone(t), other); }))
     kernels::binary_("mul_", kernels::Binary::Mul, *this, other);
   return *this;
 }
 Tensor& Tensor::mul_(double value) {
-  if (!inplace_recorded("mul_", *this, {}, [&](const Tensor& t) { return mul(t, value); }))
+  if (!inplace_recorded("mul_", *this, {}, [&](const Tensor& t) { return tapestry::mul(t, value); }))
     kernels::binary_("mul_", kernels::Binary::Mul, *this, scalar_tensor(value, options()));
   return *this;
 }
 Tensor& Tensor::div_(const Tensor& other) {
-  if (!inplace_recorded("div_", *this, {other}, [&](const Tensor& t) { return div(tapestry::clone(t), other); }))
+  if (!inplace_recorded("div_", *this, {other}, [&](const Tensor& t) { return tapestry::div(tapestry::clone(t), other); }))
     kernels::binary_("div_", kernels::Binary::Div, *this, other);
   return *this;
 }
 Tensor& Tensor::div_(double value) {
-  if (!inplace_recorded("div_", *this, {}, [&](const Tensor& t) { return div(t, value); }))
+  if (!inplace_recorded("div_", *this, {}, [&](const Tensor& t) { return tapestry::div(t, value); }))
     kernels::binary_("div_", kernels::Binary::Div, *this, scalar_tensor(value, options()));
   return *this;
 }

@@ -113,8 +113,10 @@ struct SampleOptions {
 
 // Continues each prompt (token ids; any lengths, left-padded into one batch) with the KV cache,
 // in eval mode and without gradients. on_token(row, token) is called as each token is chosen,
-// in order, so callers can stream the text. Returns the new tokens of each row (ending at eos
-// when it came). The same seed gives the same tokens.
+// in order, so callers can stream the text. Returns max_new new tokens for each row (fewer only
+// where eos came: the row ends with it). The same seed gives the same tokens. The model sees each
+// row's last block_size tokens: past the context the window slides (the cache is rebuilt from
+// the window, positions from 0, as nanoGPT crops), and a longer prompt keeps its end.
 std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<std::vector<int64_t>>& prompts,
                                            const SampleOptions& options,
                                            const std::function<void(size_t, int64_t)>& on_token = {});

@@ -44,61 +44,74 @@ std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<std::ve
                                            const SampleOptions& o, const std::function<void(size_t, int64_t)>& on_token) {
   TP_CHECK(!prompts.empty(), "generate: no prompts");
   TP_CHECK(o.max_new >= 0, "generate: max_new must be non-negative, got {}", o.max_new);
-  size_t longest = 0;
-  for (size_t b = 0; b < prompts.size(); ++b) {
+  for (size_t b = 0; b < prompts.size(); ++b)
     TP_CHECK(!prompts[b].empty(), "generate: prompt {} is empty; start it with a token (e.g. the end-of-text id)", b);
-    longest = std::max(longest, prompts[b].size());
-  }
-  const int64_t B = static_cast<int64_t>(prompts.size()), L = static_cast<int64_t>(longest);
-  TP_CHECK(L <= model.config.block_size, "generate: a prompt of {} tokens exceeds the context of {}", L,
-           model.config.block_size);
-  // Generation stops when the context is full: the cache holds at most block_size positions.
-  const int64_t max_new = std::min(o.max_new, model.config.block_size - L + 1);
+  const int64_t B = static_cast<int64_t>(prompts.size()), block = model.config.block_size;
 
   const bool was_training = model.is_training();
   model.eval();
   NoGradGuard no_grad;
   Generator gen(o.seed);
+  const Device device = model.parameters().front().device();  // inputs go where the model is
 
-  // Left padding: every row's last prompt token sits in the last column, so one step serves
-  // all rows; pads are masked out as keys and positions count from each row's first token.
-  std::vector<int64_t> ids(static_cast<size_t>(B * L), o.pad), pos(static_cast<size_t>(B * L), 0);
-  std::vector<int64_t> pad_mask(static_cast<size_t>(B * L), 0), length(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) {
-    const auto& p = prompts[static_cast<size_t>(b)];
-    const int64_t n = static_cast<int64_t>(p.size()), start = L - n;
-    length[b] = n;
-    for (int64_t j = 0; j < L; ++j) {
-      if (j < start) pad_mask[b * L + j] = 1;
-      else {
-        ids[b * L + j] = p[static_cast<size_t>(j - start)];
-        pos[b * L + j] = j - start;
+  // Each row's tokens so far (prompt, then what was generated); the model sees the last `block` of
+  // them. Past the context the window slides, as in nanoGPT: the cache is rebuilt from the window's
+  // last `block` tokens (positions from 0 again) and every further token costs a full forward.
+  std::vector<std::vector<int64_t>> seqs(prompts.begin(), prompts.end());
+  std::vector<int64_t> length(static_cast<size_t>(B));  // tokens of each row in the cache
+  Tensor keys_masked;                                   // [B, cached], true at padding
+  bool any_pad = false;
+  GPTCache cache;
+  auto mask_now = [&]() { return any_pad ? keys_masked.unsqueeze(1).unsqueeze(1) : Tensor(); };
+  // A fresh cache from each row's last (at most `block`) tokens. Left padding: every row's last
+  // token sits in the last column, so one step serves all rows; pads are masked out as keys and
+  // positions count from each row's first token.
+  auto prime = [&]() {
+    int64_t L = 0;
+    for (auto& s : seqs) L = std::max<int64_t>(L, std::min<int64_t>(static_cast<int64_t>(s.size()), block));
+    std::vector<int64_t> ids(static_cast<size_t>(B * L), o.pad), pos(static_cast<size_t>(B * L), 0);
+    std::vector<int64_t> pad_mask(static_cast<size_t>(B * L), 0);
+    for (int64_t b = 0; b < B; ++b) {
+      const auto& s = seqs[static_cast<size_t>(b)];
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.size()), block), start = L - n;
+      const size_t first = s.size() - static_cast<size_t>(n);
+      length[b] = n;
+      for (int64_t j = 0; j < L; ++j) {
+        if (j < start) pad_mask[b * L + j] = 1;
+        else {
+          ids[b * L + j] = s[first + static_cast<size_t>(j - start)];
+          pos[b * L + j] = j - start;
+        }
       }
     }
-  }
-  const Device device = model.parameters().front().device();  // inputs go where the model is
-  Tensor keys_masked = ne(tensor(pad_mask, {B, L}).to(device), 0.0);  // [B, L], true at padding
-  const bool any_pad = std::any_of(pad_mask.begin(), pad_mask.end(), [](int64_t m) { return m != 0; });
-  auto mask_now = [&]() { return any_pad ? keys_masked.unsqueeze(1).unsqueeze(1) : Tensor(); };
+    keys_masked = ne(tensor(pad_mask, {B, L}).to(device), 0.0);
+    any_pad = std::any_of(pad_mask.begin(), pad_mask.end(), [](int64_t m) { return m != 0; });
+    cache = GPTCache();
+    return model.forward(tensor(ids, {B, L}).to(device), &cache, tensor(pos, {B, L}).to(device), mask_now());
+  };
 
   std::vector<std::vector<int64_t>> out(prompts.size());
   std::vector<bool> done(prompts.size(), false);
-  GPTCache cache;
-  Tensor logits = model.forward(tensor(ids, {B, L}).to(device), &cache, tensor(pos, {B, L}).to(device), mask_now());
-  for (int64_t step = 0; step < max_new; ++step) {
+  Tensor logits = o.max_new > 0 ? prime() : Tensor();
+  for (int64_t step = 0; step < o.max_new; ++step) {
     Tensor last = logits.select(1, logits.size(1) - 1);  // [B, V]
     std::vector<int64_t> next = sample_next(last, o, gen).reshape({B}).to_vector<int64_t>();
     bool all_done = true;
     for (size_t b = 0; b < prompts.size(); ++b) {
+      seqs[b].push_back(next[b]);
       if (done[b]) continue;
       out[b].push_back(next[b]);
       if (on_token) on_token(b, next[b]);
       if (next[b] == o.eos) done[b] = true;
       all_done = all_done && done[b];
     }
-    if (all_done || step + 1 == max_new || cache.length() >= model.config.block_size) break;
+    if (all_done || step + 1 == o.max_new) break;
+    if (cache.length() >= block) {  // the context is full: slide the window
+      logits = prime();
+      continue;
+    }
     std::vector<int64_t> step_pos(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) step_pos[b] = length[b] + step;
+    for (int64_t b = 0; b < B; ++b) step_pos[b] = length[b]++;
     if (any_pad) keys_masked = cat({keys_masked, zeros({B, 1}, TensorOptions(DType::Bool, keys_masked.device()))}, 1);
     logits = model.forward(tensor(next, {B, 1}).to(device), &cache, tensor(step_pos, {B, 1}).to(device), mask_now());
   }

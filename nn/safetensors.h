@@ -35,7 +35,4 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
 // not tile the data section exactly, or a checksum that does not match.
 SafetensorsFile load_safetensors(const std::string& path);
 
-// Writes bytes to path through a temp file and rename (shared by every file tapestry saves).
-void write_file_atomic(const std::string& path, const std::string& bytes);
-
 }  // namespace tapestry::nn

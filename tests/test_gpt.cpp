@@ -38,12 +38,14 @@ int64_t expected_parameters(const GPTConfig& c) {
 Tensor ids_tensor(const Ids& ids) { return tensor(ids, {1, static_cast<int64_t>(ids.size())}); }
 
 // Greedy continuation without the cache: the whole sequence runs through the model each step.
+// The plain continuation, uncached: each token from a full forward of the last block_size tokens
+// (nanoGPT's sliding window).
 Ids greedy_reference(GPT& model, Ids seq, int64_t n) {
   NoGradGuard no_grad;
   Ids out;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t T = static_cast<int64_t>(seq.size());
-    Tensor logits = model.forward(ids_tensor(seq));
+    const int64_t T = std::min<int64_t>(static_cast<int64_t>(seq.size()), model.config.block_size);
+    Tensor logits = model.forward(ids_tensor(Ids(seq.end() - T, seq.end())));
     const int64_t next = argmax(logits.select(1, T - 1), 1).item<int64_t>();
     out.push_back(next);
     seq.push_back(next);
@@ -361,15 +363,21 @@ TEST_CASE("generate: greedy equals the uncached argmax continuation, for each pr
   CHECK(stopped[0].size() <= 3);
   o.eos = -1;
 
-  // The context: a prompt of 14 (block 16) gets 3 tokens, one of 16 gets 1, one of 17 none.
+  // Past the context (block 16) the window slides: every row gets all the tokens asked for, each
+  // from its last 16 tokens, in a batch as alone; a prompt longer than the context keeps its end.
   Ids p14 = random_ids(14, 20, 5), p16 = random_ids(16, 20, 6), p17 = random_ids(17, 20, 7);
+  o.max_new = 24;
+  const Ids want14 = greedy_reference(model, p14, 24), want16 = greedy_reference(model, p16, 24);
+  CHECK(models::generate(model, {p14}, o)[0] == want14);
+  CHECK(models::generate(model, {p16}, o)[0] == want16);
+  CHECK(models::generate(model, {p16, p14, random_ids(2, 20, 8)}, o) ==
+        std::vector<Ids>{want16, want14, greedy_reference(model, random_ids(2, 20, 8), 24)});
+  CHECK(models::generate(model, {p17}, o)[0] == greedy_reference(model, p17, 24));
+  o.eos = want14[20];  // a row that ends after the window slid
+  Ids until_eos(want14.begin(), std::find(want14.begin(), want14.end(), o.eos) + 1);
+  CHECK(models::generate(model, {p14}, o)[0] == until_eos);
+  o.eos = -1;
   o.max_new = 10;
-  std::vector<Ids> out14 = models::generate(model, {p14}, o);
-  CHECK(out14[0] == greedy_reference(model, p14, 3));
-  CHECK(models::generate(model, {p16}, o)[0].size() == 1);
-  CHECK(models::generate(model, {p16, p14}, o) ==
-        std::vector<Ids>{greedy_reference(model, p16, 1), greedy_reference(model, p14, 1)});
-  CHECK(error_of([&] { models::generate(model, {p17}, o); }).find("exceeds the context of 16") != std::string::npos);
 
   // Errors.
   CHECK(error_of([&] { models::generate(model, std::vector<Ids>{}, o); }).find("no prompts") != std::string::npos);

@@ -214,3 +214,51 @@ TEST_CASE("in-place ops write through and bump the version") {
   n.uniform_(2.0, 3.0);
   for (double d : values(n)) CHECK((d >= 2.0 && d < 3.0));
 }
+
+TEST_CASE("method forms are the functions of the same name, gradients included") {
+  manual_seed(31);
+  Tensor x = randn({3, 4}, kFloat64).requires_grad_(), y = randn({3, 4}, kFloat64);
+  Tensor idx = tensor({2, 0}), gidx = tensor({0, 3, 1, 1, 2, 0}, {3, 2});
+  auto same = [](const Tensor& a, const Tensor& b) {
+    return a.sizes() == b.sizes() && a.dtype() == b.dtype() && max_diff(a, b) == 0;
+  };
+  CHECK(same(x.add(y), add(x, y)));
+  CHECK(same(x.add(2.5), add(x, 2.5)));
+  CHECK(same(x.sub(y), sub(x, y)));
+  CHECK(same(x.sub(2.5), sub(x, 2.5)));
+  CHECK(same(x.mul(y), mul(x, y)));
+  CHECK(same(x.mul(2.5), mul(x, 2.5)));
+  CHECK(same(x.div(y), div(x, y)));
+  CHECK(same(x.div(2.5), div(x, 2.5)));
+  CHECK(same(x.maximum(y), maximum(x, y)));
+  CHECK(same(x.minimum(y), minimum(x, y)));
+  CHECK(same(x.eq(y), eq(x, y)));
+  CHECK(same(x.ne(0.5), ne(x, 0.5)));
+  CHECK(same(x.lt(y), lt(x, y)));
+  CHECK(same(x.le(0.0), le(x, 0.0)));
+  CHECK(same(x.gt(y), gt(x, y)));
+  CHECK(same(x.ge(0.0), ge(x, 0.0)));
+  CHECK(same(x.gt(0.0).logical_not(), logical_not(gt(x, 0.0))));
+  CHECK(same(x.max(), max(x)));
+  CHECK(same(x.min(), min(x)));
+  CHECK(same(x.max(1).values, max(x, 1).values));
+  CHECK(same(x.min(0, true).indices, min(x, 0, true).indices));
+  CHECK(same(x.argmax(1), argmax(x, 1)));
+  CHECK(same(x.argmin(0, true), argmin(x, 0, true)));
+  CHECK(same(x.var({1}), var(x, {1})));
+  CHECK(same(x.index_select(0, idx), index_select(x, 0, idx)));
+  CHECK(same(x.gather(1, gidx), gather(x, 1, gidx)));
+  CHECK(same(x.tril(), tril(x)));
+  CHECK(same(x.triu(1), triu(x, 1)));
+  CHECK(same(x.cumsum(1), cumsum(x, 1)));
+  CHECK(same(x.sort(1, true).values, sort(x, 1, true).values));
+  CHECK(same(x.argsort(0), argsort(x, 0)));
+  CHECK(same(x.topk(2).indices, topk(x, 2).indices));
+  // Differentiable alike: the graph of a method chain equals the functions'.
+  x.mul(y).add(1.0).topk(2).values.sum().backward();
+  Tensor g1 = x.grad().clone();
+  x.zero_grad();
+  sum(topk(add(mul(x, y), 1.0), 2).values).backward();
+  CHECK(same(g1, x.grad()));
+  CHECK(max_diff(g1, zeros({3, 4}, kFloat64)) > 0);
+}

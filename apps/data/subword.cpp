@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "tapestry/ops/file.h"
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/dist/dist.h"
 #include "tapestry/ops/error.h"
@@ -34,7 +35,7 @@ std::string Subword::train_in_folder(const std::string& dir, int64_t vocab_size,
     if (!current) {
       std::filesystem::remove(recipe_path, ec);
       train(sentences(), path, vocab_size, seed);
-      nn::write_file_atomic(recipe_path, recipe);
+      write_file_atomic(recipe_path, recipe);
     }
   }
   dist::barrier();
@@ -82,7 +83,7 @@ void Subword::train(const std::vector<std::string>& sentences, const std::string
   std::remove(trained.c_str());
   TP_CHECK(loaded.ok(), "subword: the trained model does not load ({}); nothing was written to {}", loaded.ToString(),
            model_path);
-  nn::write_file_atomic(model_path, bytes);
+  write_file_atomic(model_path, bytes);
 }
 
 Subword::Subword(const std::string& model_path) : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {

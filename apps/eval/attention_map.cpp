@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 
+#include "tapestry/ops/file.h"
 #include "tapestry/autograd/grad_mode.h"
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/ops/factory.h"
@@ -146,7 +147,7 @@ void write_attention_html(const std::string& path, const AttentionMaps& m) {
     h += "</div>\n";
   }
   h += "</body></html>\n";
-  nn::write_file_atomic(path, h);
+  write_file_atomic(path, h);
 }
 
 }  // namespace tapestry::apps

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "tapestry/ops/file.h"
 #include "tapestry/nn/safetensors.h"
 
 namespace tapestry::apps {
@@ -82,7 +83,7 @@ void write_svg_chart(const std::string& path, const std::string& title, const st
                        s.right_axis ? " (right axis)" : "");
   }
   svg += "</svg>\n";
-  nn::write_file_atomic(path, svg);
+  write_file_atomic(path, svg);
 }
 
 }  // namespace tapestry::apps

@@ -16,6 +16,7 @@
 #include "apps/data/text.h"
 #include "apps/train/run_dir.h"
 #include "apps/train/trainer.h"
+#include "tapestry/ops/file.h"
 #include "tapestry/dist/dist.h"
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/optim/optimizer.h"
@@ -100,7 +101,7 @@ class LMData : public DataSource {
 };
 
 void write_ids(const std::string& path, const std::vector<int32_t>& ids) {
-  nn::write_file_atomic(path, std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int32_t)));
+  write_file_atomic(path, std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int32_t)));
 }
 
 }  // namespace
@@ -184,7 +185,7 @@ LMResult train_language_model(const LMOptions& o) {
       std::filesystem::create_directories(dst);
       for (const char* f : {"encoder.json", "vocab.bpe"}) {
         std::ifstream in(src + "/" + f, std::ios::binary);
-        nn::write_file_atomic(dst + "/" + f, std::string((std::istreambuf_iterator<char>(in)),
+        write_file_atomic(dst + "/" + f, std::string((std::istreambuf_iterator<char>(in)),
                                                          std::istreambuf_iterator<char>()));
       }
     }
@@ -195,7 +196,7 @@ LMResult train_language_model(const LMOptions& o) {
   if (o.export_ids && dist::is_main()) {
     write_ids(o.out_dir + "/train.ids", train.ids);
     write_ids(o.out_dir + "/val.ids", val.ids);
-    nn::write_file_atomic(o.out_dir + "/ids.json",
+    write_file_atomic(o.out_dir + "/ids.json",
                           fmt::format("{{\"vocab\": {}, \"train_tokens\": {}, \"val_tokens\": {}, \"val_bytes\": {}, "
                                       "\"train_bytes\": {}, \"separator\": {}}}\n", tok->vocab_size(), train.ids.size(),
                                       val.ids.size(), val.bytes, train.bytes, tok->separator()));

@@ -12,6 +12,7 @@
 
 #include "apps/eval/plot.h"
 #include "apps/train/run_dir.h"
+#include "tapestry/ops/file.h"
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/ops/factory.h"
 
@@ -392,7 +393,7 @@ FitResult Trainer::fit(DataSource& data) {
   if (saving) {
     stop_signals = std::make_unique<StopSignals>();
     if (main_rank)
-      for (const auto& [name, contents] : o_.run_files) nn::write_file_atomic(o_.out_dir + "/" + name, contents);
+      for (const auto& [name, contents] : o_.run_files) write_file_atomic(o_.out_dir + "/" + name, contents);
   }
   // After a signal and its checkpoint: a line saying so; the run then returns.
   auto report_stop = [&](const std::string& after) {

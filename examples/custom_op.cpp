@@ -1,30 +1,15 @@
 // A user's own differentiable op and model, written against the installed library: a fused
 // swish(x) = x * sigmoid(x) with its hand-written backward (record() + SavedTensor), checked
 // against finite differences with gradcheck, then used inside an nn::Module trained with Adam.
-// Built by examples/CMakeLists.txt through find_package(tapestry).
+// Built by examples/CMakeLists.txt through find_package(tapestry); the op itself is in swish.h
+// (tests/test_module_api.cpp tests the same header).
 #include <cstdio>
 
 #include <tapestry/tapestry.h>
 
-using namespace tapestry;
+#include "swish.h"
 
-// Forward without the tape (NoGradGuard), then one tape node for the whole op. The backward
-// closure gets the gradient of the output and returns one gradient per input; it keeps what it
-// needs as SavedTensor, which refuses to hand back data an in-place op changed since.
-Tensor swish(const Tensor& x) {
-  Tensor s, out;
-  {
-    NoGradGuard no_grad;  // the parts are not recorded: swish is one node
-    s = x.sigmoid();
-    out = x * s;
-  }
-  if (!any_requires_grad({x})) return out;
-  SavedTensor saved_x(x, "SwishBackward"), saved_s(s, "SwishBackward");
-  return record("SwishBackward", out, {x}, [saved_x, saved_s](const Tensor& grad) {
-    Tensor x = saved_x.get(), s = saved_s.get();
-    return TensorList{grad * (s + x * s * (1.0 - s))};  // d/dx x s(x) = s + x s (1 - s)
-  });
-}
+using namespace tapestry;
 
 class SwishMLP : public nn::Module {
  public:

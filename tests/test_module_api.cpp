@@ -1,6 +1,7 @@
 // What a model writer uses beyond the layers: weight tying, Module::to(dtype) for whole-model
 // gradchecks, load_state_dict(strict = false), errors that name the layer, and the custom
 // autograd function API (record() + SavedTensor).
+#include "examples/swish.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;
@@ -32,22 +33,6 @@ models::TransformerConfig tiny_config() {
   c.d_model = 8, c.heads = 2, c.d_ff = 12, c.enc_layers = c.dec_layers = 1;
   c.dropout = 0, c.share_embeddings = true, c.pad_id = 0;
   return c;
-}
-
-// swish(x) = x sigmoid(x) as one node with a hand-written backward (README: "Writing an op").
-Tensor swish(const Tensor& x) {
-  Tensor s, out;
-  {
-    NoGradGuard no_grad;
-    s = x.sigmoid();
-    out = x * s;
-  }
-  if (!any_requires_grad({x})) return out;
-  SavedTensor saved_x(x, "SwishBackward"), saved_s(s, "SwishBackward");
-  return record("SwishBackward", out, {x}, [saved_x, saved_s](const Tensor& grad) {
-    Tensor x = saved_x.get(), s = saved_s.get();
-    return TensorList{grad * (s + x * s * (1.0 - s))};
-  });
 }
 
 }  // namespace

@@ -127,14 +127,22 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
 // ---- attention (ops_attention.cpp)
 // softmax(scale * q k^T, masked) v as one fused kernel with its own backward, which never holds
 // more than one block of scores: q [..., Tq, E], k [..., Tk, E], v [..., Tk, Ev] -> [..., Tq, Ev],
-// the leading dims (batch, heads) equal. mask: Bool with true = masked out (MultiHeadAttention's
-// convention; PyTorch 2's boolean attn_mask means the opposite), broadcast to [..., Tq, Tk], or
-// undefined. is_causal masks key j > query i (top-left aligned, as PyTorch). A masked score
-// becomes -1e9, so a fully masked row attends evenly rather than giving NaN. scale defaults to
-// 1/sqrt(E). dropout_p drops probabilities (pass 0 in eval), seeded by one draw from gen.
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = Tensor(),
-                                    bool is_causal = false, double dropout_p = 0.0,
+// the leading dims (batch, heads) equal. attn_mask: Bool, broadcast to [..., Tq, Tk], **true where
+// a query may attend**, as torch.nn.functional.scaled_dot_product_attention (float masks are not
+// supported), or undefined. is_causal masks key j > query i (top-left aligned, as PyTorch). A
+// masked score becomes -1e9, so a fully masked row attends evenly rather than giving NaN (PyTorch
+// 2 uses -inf: NaN there). scale defaults to 1/sqrt(E). dropout_p drops probabilities (pass 0 in
+// eval), seeded by one draw from gen.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask = Tensor(), bool is_causal = false, double dropout_p = 0.0,
                                     std::optional<double> scale = std::nullopt, Generator* gen = nullptr);
+// The same with the opposite mask: true = masked out, the convention of torch.nn.MultiheadAttention's
+// attn_mask and key_padding_mask, which nn::MultiHeadAttention and the models use (padding and
+// causal masks are built that way), without an inversion pass.
+Tensor scaled_dot_product_attention_masked_out(const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const Tensor& masked_out = Tensor(), bool is_causal = false,
+                                               double dropout_p = 0.0, std::optional<double> scale = std::nullopt,
+                                               Generator* gen = nullptr);
 
 // ---- sorting, scans and triangles (ops_sort.cpp)
 // NaN ranks above +inf (last ascending, first descending, the largest for topk), as in PyTorch.

@@ -1,4 +1,6 @@
-// scaled_dot_product_attention: the fused kernel (ops/cpu/attention.cpp) forward and backward.
+// scaled_dot_product_attention (a mask of where to attend, as PyTorch's) and
+// scaled_dot_product_attention_masked_out (a mask of what to leave out, as the kernels read it):
+// the fused kernel (ops/cpu/attention.cpp) forward and backward.
 #include <cmath>
 
 #include "tapestry/autograd/functions.h"
@@ -6,9 +8,11 @@
 
 namespace tapestry {
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                    bool is_causal, double dropout_p, std::optional<double> scale, Generator* gen) {
-  const char* op = "scaled_dot_product_attention";
+namespace {
+
+// `mask`: true = masked out.
+Tensor attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                 bool is_causal, double dropout_p, std::optional<double> scale, Generator* gen) {
   TP_CHECK(q.defined() && k.defined() && v.defined(), "{}: q, k and v must be defined", op);
   TP_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(),
            "{}: expected q [..., Tq, E], k [..., Tk, E], v [..., Tk, Ev] with the same number of dims (at least 2), "
@@ -38,6 +42,25 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                                                           lse, m, is_causal, s, dropout_p, seed);
                   return TensorList{r.dq, r.dk, r.dv};
                 });
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                                    bool is_causal, double dropout_p, std::optional<double> scale, Generator* gen) {
+  const char* op = "scaled_dot_product_attention";
+  if (!attn_mask.defined()) return attention(op, q, k, v, Tensor(), is_causal, dropout_p, scale, gen);
+  TP_CHECK(attn_mask.dtype() == DType::Bool,
+           "{}: attn_mask must be Bool, true where a query may attend (as torch.nn.functional."
+           "scaled_dot_product_attention; additive float masks are not supported), got {} {}",
+           op, attn_mask.dtype(), attn_mask.sizes());
+  return attention(op, q, k, v, logical_not(attn_mask), is_causal, dropout_p, scale, gen);
+}
+
+Tensor scaled_dot_product_attention_masked_out(const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const Tensor& masked_out, bool is_causal, double dropout_p,
+                                               std::optional<double> scale, Generator* gen) {
+  return attention("scaled_dot_product_attention_masked_out", q, k, v, masked_out, is_causal, dropout_p, scale, gen);
 }
 
 }  // namespace tapestry

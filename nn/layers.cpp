@@ -122,7 +122,7 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const
     attention_hook_(softmax(scores, -1));
   }
   const double p = is_training() ? dropout->p : 0.0;
-  Tensor ctx = scaled_dot_product_attention(q, k, v, mask, causal, p);  // [B, H, Tq, K]
+  Tensor ctx = scaled_dot_product_attention_masked_out(q, k, v, mask, causal, p);  // [B, H, Tq, K]
   ctx = ctx.transpose(1, 2).reshape({query.size(0), query.size(1), d_model});
   return w_o->forward(ctx);
 }

@@ -81,8 +81,10 @@ struct KVCache {
   Tensor k, v;
 };
 
-// softmax(Q K^T / sqrt(K)) V over H heads, then W_o. The mask is bool with true = masked out,
-// broadcastable to [B, H, Tq, Tk] (a key padding mask is [B, 1, 1, Tk], a causal one [Tq, Tk]).
+// softmax(Q K^T / sqrt(K)) V over H heads, then W_o. The mask is bool with true = masked out, as
+// torch.nn.MultiheadAttention's attn_mask and key_padding_mask (the opposite of the functional
+// scaled_dot_product_attention's), broadcastable to [B, H, Tq, Tk] (a key padding mask is
+// [B, 1, 1, Tk], a causal one [Tq, Tk]).
 class MultiHeadAttention : public Module {
  public:
   MultiHeadAttention(int64_t d_model, int64_t heads, double dropout = 0.0);

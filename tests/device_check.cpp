@@ -207,7 +207,7 @@ void check_attention(Device device, cuda::AttentionKernel kernel) {
       Tensor qd = q.detach().to(on).requires_grad_(), kd = k.detach().to(on).requires_grad_(),
              vd = v.detach().to(on).requires_grad_();
       Generator seeds(5);  // the same dropout seed on both devices
-      Tensor out = scaled_dot_product_attention(qd, kd, vd, mask.defined() ? mask.to(on) : Tensor(), c.causal,
+      Tensor out = scaled_dot_product_attention_masked_out(qd, kd, vd, mask.defined() ? mask.to(on) : Tensor(), c.causal,
                                                 c.dropout, std::nullopt, &seeds);
       sum(mul(out, dout.to(on))).backward();
       return TensorList{out, qd.grad(), kd.grad(), vd.grad()};

@@ -475,6 +475,10 @@ OpFn values_indices(std::function<ValuesIndices(const TensorList&)> f) {
   };
 }
 
+// Input i, or an undefined tensor where a sample has fewer (an error sample may leave out an
+// optional input, such as attention's mask).
+Tensor input_or_none(const TensorList& x, size_t i) { return i < x.size() ? x[i] : Tensor(); }
+
 std::vector<OpInfo> build_table() {
   std::vector<OpInfo> t;
   auto entry = [&t](std::string name, std::string expr, OpFn fn, std::vector<bool> diff, std::vector<SampleFn> samples) {
@@ -1037,7 +1041,8 @@ std::vector<OpInfo> build_table() {
   entry("chunk_4_dim-1", "a.chunk(4, -1)", [](X x) { return chunk(x[0], 4, -1); }, {true}, {split_samples(-1, 4)});
   entry("chunk_0", "torch.chunk(a, 0)", [](X x) { return chunk(x[0], 0); }, {true}, {split_samples(0, -1)});
 
-  // ---- scaled_dot_product_attention (inputs q, k, v and, where named, the mask d). The
+  // ---- scaled_dot_product_attention (inputs q, k, v and, where named, the mask d: true = attend,
+  // as PyTorch's; sdpa_masked_out reads the same samples with the opposite meaning). The
   // reference is the composite tapestry defines it as (sdpa_ref in the reference script):
   // softmax(scale q k^T with masked scores set to -1e9) v, so a fully masked row attends evenly.
   // The samples cross the CPU kernel's 64-row and 128-key blocks, and hold inf and NaN.
@@ -1081,7 +1086,7 @@ std::vector<OpInfo> build_table() {
       }
       {  // a query whose every key is masked (with a mask), inf and NaN in the inputs
         TensorList in = qkv({1}, 3, 4, 2, 2, {3, 4});
-        if (with_mask) in[3] = b8({1, 1, 1, 1, 0, 1, 0, 1, 0, 0, 1, 0}, {3, 4});
+        if (with_mask) in[3] = b8({0, 0, 0, 0, 1, 0, 1, 0, 1, 1, 0, 1}, {3, 4});  // true = attend
         s.push_back(ok("every key of query 0 masked", in));
         TensorList bad = qkv({1}, 3, 4, 2, 2, {3, 4});
         bad[0] = f64({0.5, -1.0, kNaN, 1.0, 2.0, 0.25}, {1, 3, 2});
@@ -1100,13 +1105,16 @@ std::vector<OpInfo> build_table() {
   entry("sdpa", "sdpa_ref(a, b, c)", one([](X x) { return scaled_dot_product_attention(x[0], x[1], x[2]); }),
         {true, true, true}, {sdpa_samples(false)});
   entry("sdpa_mask", "sdpa_ref(a, b, c, d)",
-        one([](X x) { return scaled_dot_product_attention(x[0], x[1], x[2], x[3]); }), {true, true, true, false},
+        one([](X x) { return scaled_dot_product_attention(x[0], x[1], x[2], input_or_none(x, 3)); }), {true, true, true, false},
         {sdpa_samples(true)});
+  entry("sdpa_masked_out", "sdpa_ref(a, b, c, ~d)",
+        one([](X x) { return scaled_dot_product_attention_masked_out(x[0], x[1], x[2], input_or_none(x, 3)); }),
+        {true, true, true, false}, {sdpa_samples(true)});
   entry("sdpa_causal", "sdpa_ref(a, b, c, is_causal=True)",
         one([](X x) { return scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), true); }), {true, true, true},
         {sdpa_samples(false)});
   entry("sdpa_causal_mask_scale", "sdpa_ref(a, b, c, d, is_causal=True, scale=0.3)",
-        one([](X x) { return scaled_dot_product_attention(x[0], x[1], x[2], x[3], true, 0.0, 0.3); }),
+        one([](X x) { return scaled_dot_product_attention(x[0], x[1], x[2], input_or_none(x, 3), true, 0.0, 0.3); }),
         {true, true, true, false}, {sdpa_samples(true)});
 
   // ---- cross_entropy. paper_ce (defined in the reference) is the label smoothing tapestry

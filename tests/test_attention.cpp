@@ -72,7 +72,7 @@ TensorList random_inputs(const Shape& q, const Shape& k, const Shape& v, uint64_
 
 Attend fused(const Tensor& mask, bool causal, std::optional<double> scale = std::nullopt) {
   return [mask, causal, scale](const Tensor& q, const Tensor& k, const Tensor& v) {
-    return scaled_dot_product_attention(q, k, v, mask, causal, 0.0, scale);
+    return scaled_dot_product_attention_masked_out(q, k, v, mask, causal, 0.0, scale);
   };
 }
 
@@ -163,7 +163,7 @@ TEST_CASE("scaled_dot_product_attention equals the composite: plain, masks, caus
                               {5, 7});
   TensorList in = random_inputs({2, 3, 5, 4}, {2, 3, 7, 4}, {2, 3, 7, 4}, 19);
   check_matches_reference("a fully masked row", in, kIdentity, full_row, false);
-  Tensor out = scaled_dot_product_attention(in[0], in[1], in[2], full_row);
+  Tensor out = scaled_dot_product_attention_masked_out(in[0], in[1], in[2], full_row);
   CHECK(max_diff(out.select(2, 2), mean(in[2], {2})) <= 1e-12);
   // ... with causality too: row 2 stays fully masked, the others keep their earlier keys.
   check_matches_reference("a fully masked row, causal", in, kIdentity, full_row, true);
@@ -268,7 +268,7 @@ TEST_CASE("scaled_dot_product_attention: dropout equals dropout(softmax(...)) wi
     Run a = run(
         in, kIdentity,
         [&](const Tensor& q, const Tensor& k, const Tensor& v) {
-          return scaled_dot_product_attention(q, k, v, mask, causal, p, std::nullopt, &gen_a);
+          return scaled_dot_product_attention_masked_out(q, k, v, mask, causal, p, std::nullopt, &gen_a);
         },
         g);
     Run b = run(
@@ -283,7 +283,7 @@ TEST_CASE("scaled_dot_product_attention: dropout equals dropout(softmax(...)) wi
       CHECK(max_diff(a.grads[i], b.grads[i]) <= 1e-9);
     }
     // It did drop something: the output differs from the one without dropout.
-    Tensor plain = scaled_dot_product_attention(in[0], in[1], in[2], mask, causal);
+    Tensor plain = scaled_dot_product_attention_masked_out(in[0], in[1], in[2], mask, causal);
     CHECK(max_diff(a.out, plain) > 1e-3);
     // Each generator gave one draw.
     CHECK(gen_a.engine()() == gen_b.engine()());
@@ -295,13 +295,13 @@ TEST_CASE("scaled_dot_product_attention: dropout equals dropout(softmax(...)) wi
   // Without a generator, both draw from the default one.
   TensorList in = random_inputs({2, 2, 4, 8}, {2, 2, 5, 8}, {2, 2, 5, 8}, 63);
   manual_seed(9);
-  Tensor a = scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), false, 0.5);
+  Tensor a = scaled_dot_product_attention_masked_out(in[0], in[1], in[2], Tensor(), false, 0.5);
   manual_seed(9);
   Tensor b = reference(in[0], in[1], in[2], Tensor(), false, std::nullopt, 0.5);
   CHECK(max_diff(a, b) <= 1e-12);
   // dropout_p = 0 draws nothing.
   Generator g1(5), g2(5);
-  scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), false, 0.0, std::nullopt, &g1);
+  scaled_dot_product_attention_masked_out(in[0], in[1], in[2], Tensor(), false, 0.0, std::nullopt, &g1);
   CHECK(g1.engine()() == g2.engine()());
 }
 
@@ -312,33 +312,33 @@ TEST_CASE("scaled_dot_product_attention: gradcheck with causality, a mask and dr
   Tensor v = randn({1, 2, 5, 2}, kFloat64, &g).requires_grad_();
   Tensor k4 = randn({1, 2, 4, 3}, kFloat64, &g).requires_grad_();
   Tensor v4 = randn({1, 2, 4, 2}, kFloat64, &g).requires_grad_();
-  CHECK(gradcheck([](const TensorList& x) { return scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), true); },
+  CHECK(gradcheck([](const TensorList& x) { return scaled_dot_product_attention_masked_out(x[0], x[1], x[2], Tensor(), true); },
                   {q, k4, v4}));
-  CHECK(gradcheck([](const TensorList& x) { return scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), true); },
+  CHECK(gradcheck([](const TensorList& x) { return scaled_dot_product_attention_masked_out(x[0], x[1], x[2], Tensor(), true); },
                   {q, k, v}));
   Tensor mask = bool_mask({0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1, 1}, {1, 1, 4, 5});
-  CHECK(gradcheck([mask](const TensorList& x) { return scaled_dot_product_attention(x[0], x[1], x[2], mask); },
+  CHECK(gradcheck([mask](const TensorList& x) { return scaled_dot_product_attention_masked_out(x[0], x[1], x[2], mask); },
                   {q, k, v}));
   CHECK(gradcheck(
-      [mask](const TensorList& x) { return scaled_dot_product_attention(x[0], x[1], x[2], mask, true, 0.0, 0.7); },
+      [mask](const TensorList& x) { return scaled_dot_product_attention_masked_out(x[0], x[1], x[2], mask, true, 0.0, 0.7); },
       {q, k, v}));
   CHECK(gradcheck(
       [](const TensorList& x) {
         Generator gen(123);  // the same dropout mask on every evaluation
-        return scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), false, 0.3, std::nullopt, &gen);
+        return scaled_dot_product_attention_masked_out(x[0], x[1], x[2], Tensor(), false, 0.3, std::nullopt, &gen);
       },
       {q, k, v}));
   CHECK(gradcheck(
       [mask](const TensorList& x) {
         Generator gen(124);
-        return scaled_dot_product_attention(x[0], x[1], x[2], mask, true, 0.25, std::nullopt, &gen);
+        return scaled_dot_product_attention_masked_out(x[0], x[1], x[2], mask, true, 0.25, std::nullopt, &gen);
       },
       {q, k, v}));
   // Non-contiguous inputs.
   Tensor qt = randn({1, 2, 3, 4}, kFloat64, &g).requires_grad_();  // [.., E, Tq]
   CHECK(gradcheck(
       [](const TensorList& x) {
-        return scaled_dot_product_attention(x[0].transpose(-1, -2), x[1], x[2], Tensor(), true);
+        return scaled_dot_product_attention_masked_out(x[0].transpose(-1, -2), x[1], x[2], Tensor(), true);
       },
       {qt, k4, v4}));
 }
@@ -399,6 +399,44 @@ TEST_CASE("scaled_dot_product_attention: errors, and empty sizes") {
   CHECK(scaled_dot_product_attention(qb, kb, vb, Tensor(), true).sizes() == Shape{0, 3, 5, 2});
   Tensor pad0 = zeros({0, 1, 1, 6}, kBool);
   CHECK(scaled_dot_product_attention(qb, kb, vb, pad0).sizes() == Shape{0, 3, 5, 2});
+}
+
+TEST_CASE("scaled_dot_product_attention's mask means where to attend, as PyTorch's; _masked_out the opposite") {
+  manual_seed(83);
+  Tensor q = randn({2, 2, 4, 3}, kFloat64).requires_grad_(), k = randn({2, 2, 5, 3}, kFloat64).requires_grad_(),
+         v = randn({2, 2, 5, 2}, kFloat64).requires_grad_();
+  // Key 1 of batch 0 and keys 3, 4 of batch 1 may not be attended to.
+  Tensor attend = tensor({1, 0, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 1, 1, 5}).gt(0.0);
+  Tensor out = scaled_dot_product_attention(q, k, v, attend);
+  // PyTorch 2's definition, written out: masked scores -inf before the softmax.
+  Tensor scores = matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(3.0));
+  Tensor want = matmul(softmax(masked_fill(scores, logical_not(attend), -INFINITY), -1), v);
+  CHECK(max_diff(out, want) < 1e-12);
+  CHECK(max_diff(out, scaled_dot_product_attention_masked_out(q, k, v, logical_not(attend))) == 0);
+  // With causality and a mask together, and through the backward.
+  Tensor g = randn({2, 2, 4, 2}, kFloat64);
+  sum(mul(scaled_dot_product_attention(q, k, v, attend, true), g)).backward();
+  const Tensor dq = q.grad().clone(), dk = k.grad().clone();
+  q.zero_grad(), k.zero_grad(), v.zero_grad();
+  sum(mul(scaled_dot_product_attention_masked_out(q, k, v, logical_not(attend), true), g)).backward();
+  CHECK(max_diff(dq, q.grad()) == 0);
+  CHECK(max_diff(dk, k.grad()) == 0);
+  CHECK(gradcheck([&](const TensorList& in) { return scaled_dot_product_attention(in[0], in[1], in[2], attend); },
+                  {q.detach().requires_grad_(), k.detach().requires_grad_(), v.detach().requires_grad_()}));
+  // nn::MultiHeadAttention keeps torch.nn.MultiheadAttention's meaning: true = masked out.
+  nn::MultiHeadAttention mha(6, 2);
+  Tensor x = randn({2, 5, 6});
+  Tensor pad = logical_not(attend);
+  Tensor y = mha.forward(x, x, x, pad);
+  Tensor y2 = mha.forward(x, x, x, logical_not(pad).logical_not());
+  CHECK(max_diff(y, y2) == 0);
+  Tensor seen;
+  mha.set_attention_hook([&seen](const Tensor& w) { seen = w; });
+  mha.forward(x, x, x, pad);
+  CHECK(sum(seen.select(0, 0).select(-1, 1)).item<float>() == 0.0f);  // batch 0 never looks at key 1
+  // A float mask is refused with PyTorch's meaning spelled out.
+  CHECK(error_of([&] { scaled_dot_product_attention(q, k, v, zeros({4, 5})); }).find("true where a query may attend") !=
+        std::string::npos);
 }
 
 TEST_CASE("MultiHeadAttention: is_causal equals the causal mask; the attention hook sees the weights") {

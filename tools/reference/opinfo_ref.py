@@ -71,9 +71,9 @@ def documented_reason(op, sample, problem):
 
 def sdpa_ref(q, k, v, mask=None, is_causal=False, scale=None):
     """tapestry's scaled_dot_product_attention (autograd/functions.h) as its composite: masked
-    scores (by the bool mask, true = masked out, or by causality, key j > query i) become -1e9
-    rather than -inf, so a fully masked row attends evenly instead of giving NaN. PyTorch 1.13
-    has no F.scaled_dot_product_attention; 2.x's uses -inf."""
+    scores (where the bool mask is false, as PyTorch 2's attn_mask means, or by causality, key
+    j > query i) become -1e9 rather than -inf, so a fully masked row attends evenly instead of
+    giving NaN. PyTorch 1.13 has no F.scaled_dot_product_attention; 2.x's uses -inf."""
     if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim() or k.shape[:-2] != q.shape[:-2] \
             or v.shape[:-2] != q.shape[:-2] or k.size(-2) != v.size(-2):
         raise ValueError(f"sdpa_ref: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)} do not fit")
@@ -81,7 +81,9 @@ def sdpa_ref(q, k, v, mask=None, is_causal=False, scale=None):
         scale = 1.0 / math.sqrt(max(q.size(-1), 1))
     scores = q @ k.transpose(-2, -1) * scale
     if mask is not None:
-        scores = scores.masked_fill(mask, -1e9)
+        if mask.dtype != torch.bool:
+            raise TypeError(f"sdpa_ref: attn_mask must be bool, got {mask.dtype}")
+        scores = scores.masked_fill(~mask, -1e9)
     if is_causal:
         future = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).triu(1)
         scores = scores.masked_fill(future, -1e9)

@@ -4,9 +4,10 @@
 #     -march=native (nor any flag of ours) to consumers;
 #  2. the standalone project examples/ configures with find_package(tapestry), builds, and its
 #     programs run;
-#  3. the same example compiles by hand with pkg-config's flags, as the README shows;
+#  3. the same example compiles by hand with pkg-config's flags, as docs/api.md shows;
 #  4. as a subproject (add_subdirectory) tapestry configures the library alone: no tests, no tools;
-#  5. only public headers are installed, each compiles on its own, the engine's consumer configures
+#  5. the README's C++ example compiles against the package and runs;
+#  6. only public headers are installed, each compiles on its own, the engine's consumer configures
 #     with MPI hidden, and find_package(tapestry COMPONENTS dist) gives tapestry::dist.
 # Usage: tools/test-install.sh BUILD_DIR
 set -euo pipefail
@@ -60,10 +61,14 @@ cmake -S "$tmp/dist" -B "$tmp/dist/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/de
 cmake --build "$tmp/dist/build" >/dev/null
 "$tmp/dist/build/ranks"
 
-# By hand, with pkg-config (README: "Using tapestry in your project").
+# By hand, with pkg-config (docs/api.md: "Install and link").
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
 g++ -std=c++17 -O2 "$src/examples/mlp.cpp" -o "$tmp/mlp" $(pkg-config --cflags --libs tapestry)
 "$tmp/mlp" | tail -1
+# The README's model, as a newcomer would paste it.
+awk '/^```cpp$/{on=1; next} /^```$/{if (on) exit} on' "$src/README.md" >"$tmp/readme.cpp"
+g++ -std=c++17 -O1 "$tmp/readme.cpp" -o "$tmp/readme" $(pkg-config --cflags --libs tapestry)
+(cd "$tmp" && ./readme && [[ -s classifier.safetensors ]]) || { echo "FAIL: the README's example does not run"; exit 1; }
 
 # As a subproject: only the library target, unless asked.
 mkdir -p "$tmp/sub"

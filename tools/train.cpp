@@ -159,10 +159,10 @@ Subcommand add_train(CLI::App& app) {
       ->check(CLI::IsMember({"copy", "multi30k", "lm"}))
       ->capture_default_str();
   // Shared by both tasks (their defaults differ: the task's own apply when the flag is absent).
-  train->add_option("--warmup", f->warmup, "Noam warmup steps (copy 400, multi30k see README)")->check(positive());
+  train->add_option("--warmup", f->warmup, "Noam warmup steps (copy 400, multi30k see docs/training.md)")->check(positive());
   train->add_option("--lr-factor", f->lr_factor, "Noam schedule factor")->check(real_flag(0, true));
   train->add_option("--seed", f->seed, "random seed");
-  train->add_option("--norm", f->norm, "pre or post: where the layers put LayerNorm (copy: pre, multi30k: see README)")
+  train->add_option("--norm", f->norm, "pre or post: where the layers put LayerNorm (copy: pre, multi30k: see docs/training.md)")
       ->check(CLI::IsMember({"pre", "post"}));
   train->add_option("--threads", f->threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
   train->add_option("--device", f->device, "cpu, cuda, cuda:N (a GPU needs a -DTAPESTRY_CUDA=ON build) or emulated (the test device)")
@@ -245,7 +245,7 @@ Subcommand add_train(CLI::App& app) {
       ->capture_default_str();
   l->add_flag("--export-ids", lm.export_ids, "also write the token streams (train.ids, val.ids: int32) for "
               "tools/lm-compare.sh");
-  m->add_flag("--quick", f->quick, "the quick recipe: shows learning in under 10 minutes (see README)");
+  m->add_flag("--quick", f->quick, "the quick recipe: shows learning in minutes (see docs/training.md)");
   m->add_flag("--print-config", f->print_config, "print the options as TOML and exit");
   return {train, [f] { return run_train(*f); }};
 }

@@ -15,7 +15,7 @@
 namespace tapestry::apps {
 
 struct LMOptions {
-  // The default recipe (README: "Language model"): the English side of Multi30k.
+  // The default recipe (docs/training.md: "Language model"): the English side of Multi30k.
   std::string train_path;   // empty: default_data_dir()/train.en.gz
   std::string val_path;     // empty: val.en.gz beside the default train file; with --data alone,
                             // the last 5% of its lines (at least one) are held out

@@ -16,7 +16,7 @@
 namespace tapestry::apps {
 
 struct TranslationOptions {
-  // `tapestry train --quick` changes these defaults (README: "Quick recipe").
+  // `tapestry train --quick` changes these defaults (docs/training.md: "Multi30k").
   static constexpr int64_t kQuickEpochs = 2, kQuickEvalLimit = 300;
   std::string data_dir;  // empty: default_data_dir()
   std::string out_dir = "runs/multi30k";
@@ -24,7 +24,7 @@ struct TranslationOptions {
   std::string train_split = "train", val_split = "val", test_split = "test_2016_flickr";
   std::string config = "small";
   int64_t vocab_size = 8000;
-  // The default recipe (README: "Multi30k"): about 55 minutes on two cores.
+  // The default recipe (docs/training.md: "Multi30k"): about 55 minutes on two cores.
   int64_t max_tokens = 2048;  // padded tokens per batch
   int64_t epochs = 12;
   int64_t warmup = 400;

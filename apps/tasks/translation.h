@@ -37,9 +37,9 @@ struct TranslationOptions {
   int64_t beam = 4;
   double alpha = 0.6;
   bool progress = true;
-  bool resume = false;
-  bool reshard = false;
-  double time_limit = 0;     // seconds of training, then the epoch ends there (TrainerOptions::time_limit)      // resume a checkpoint of a different process count (TrainerOptions::reshard)       // continue from out_dir's checkpoint, exactly (Note [Exact resume])
+  bool resume = false;       // continue from out_dir's checkpoint, exactly (Note [Exact resume])
+  bool reshard = false;      // resume a checkpoint of a different process count (TrainerOptions::reshard)
+  double time_limit = 0;     // seconds of training, then the epoch ends there (TrainerOptions::time_limit)
   bool overwrite = false;    // start over in an out_dir that holds a run (its files are removed first)
   std::string on_nan = "stop";  // a non-finite loss or gradient norm: "stop" (throw, nothing saved) or "skip" the step
   bool detect_anomaly = false;  // name the first op whose forward gives NaN or whose backward gives NaN/inf

@@ -1,6 +1,6 @@
 // What a training run needs from its output folder and the process around it: one run per
 // folder (a lock), no silent reuse of an earlier run's files, no stale temp files, and a clean
-// stop on SIGINT/SIGTERM. See Note [Run folders] here and Note [Checkpoint unit] in trainer.cpp.
+// stop on SIGINT/SIGTERM. See Note [Run folders] here and Note [Checkpoint unit] in checkpoints.cpp.
 #pragma once
 #include <memory>
 #include <string>

@@ -3,8 +3,8 @@
 // Trainer runs the steps (gradient accumulation weighted by tokens, clipping, the schedule, a
 // non-finite guard), shows progress with rate and ETA, evaluates through the task's hook, and,
 // given a run folder, writes checkpoints (every N steps and per epoch), keeps the last K epoch
-// copies and the best on a metric, averages the last N, resumes exactly (Note [Exact resume])
-// and draws the curves. `tapestry bench` times Trainer::step, the same step training runs.
+// copies and the best on a metric, averages the last N, resumes exactly (Note [Exact resume] in
+// checkpoints.cpp) and draws the curves. `tapestry bench` times Trainer::step, the same step training runs.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -139,10 +139,19 @@ struct FitResult {
   int64_t averaged = 0;      // epoch copies averaged into the model at the end (0: none)
 };
 
+class Checkpoints;
+class Progress;
+struct ResumePoint;
+
+// The loop: fit() runs the epochs, each a run of step()s over the DataSource's batches, evaluates
+// after each, and hands the run folder to Checkpoints and what is shown to Progress.
 class Trainer {
  public:
   // The schedule may be null (the optimizer's lr stays as it is).
   Trainer(nn::Module& model, optim::Optimizer& optimizer, const optim::Schedule* schedule, TrainerOptions options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;  // its parts hold references to its options
+  Trainer& operator=(const Trainer&) = delete;
 
   // Evaluation after each epoch (and every eval_every steps); its metrics are printed, plotted,
   // recorded. The model is in eval mode while it runs.
@@ -163,15 +172,8 @@ class Trainer {
   int64_t steps_taken() const { return step_; }
 
  private:
-  void save_checkpoint(int64_t epoch, int64_t next_batch, double loss_sum, int64_t tokens);
-  struct Position {
-    int64_t epoch = 1, batch = 0, tokens = 0;
-    double loss_sum = 0;
-  };
-  Position load_checkpoint(FitResult& result);
-  void end_of_epoch(int64_t epoch, const EpochRecord& record, FitResult& result);
-  void average_epochs(FitResult& result);
-  void log_step(int64_t epoch, const StepResult& r);
+  bool run_epoch(DataSource& data, int64_t epoch, const ResumePoint& start, EpochRecord& record, FitResult& result);
+  void report_stop(FitResult& result, const std::string& after);
   Metrics run_evaluation(int64_t epoch);
 
   nn::Module& model_;
@@ -181,6 +183,8 @@ class Trainer {
   int64_t step_ = 0;
   std::chrono::steady_clock::time_point run_start_ = std::chrono::steady_clock::now();
   std::unique_ptr<dist::GradReducer> reducer_;  // on N > 1 ranks
+  std::unique_ptr<Checkpoints> checkpoints_;    // the run folder (checkpoints.h)
+  std::unique_ptr<Progress> progress_;          // what the run shows (progress.h)
 };
 
 // The element-wise mean of the parameters in `paths` (safetensors files of one model), as the

@@ -67,6 +67,9 @@ void set_device(Device device);
 // The device's one stream (a cudaStream_t, Note [One stream] in ops/cuda/runtime.cu), for a library
 // that enqueues work in order with tapestry's kernels: dist's NCCL all-reduce.
 void* stream(Device device);
+// Waits for the device's stream without reading the error flag (the next synchronisation reports a
+// device error): the end of a kernel's profile scope (`--profile`), which must not throw.
+void wait_for_stream(Device device) noexcept;
 }  // namespace detail
 
 }  // namespace tapestry::cuda

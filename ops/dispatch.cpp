@@ -113,6 +113,21 @@ void count_host_round_trip(const Tensor& a) {
 
 }  // namespace
 
+#ifdef TAPESTRY_WITH_CUDA
+// A CUDA entry's profile scope (`tapestry bench --profile`, ops/profile.h), which the CPU kernels
+// open themselves. Kernels run asynchronously, so with profiling on the scope waits for the stream
+// before it closes and the time is the kernel's (a synchronisation per entry, counted: profile
+// steps are timed apart from the measured ones). Off, it costs a branch.
+struct DeviceProfileScope {
+  DeviceProfileScope(const char* op, Device device) : device(device), scope(op) {}
+  ~DeviceProfileScope() {
+    if (profile::enabled()) ::tapestry::cuda::detail::wait_for_stream(device);
+  }
+  Device device;
+  profile::Scope scope;  // destroyed after the wait above
+};
+#endif
+
 // TP_ROUTE(op, device, call): call the entry `call` of the backend for `device`. A CUDA call first
 // makes the tensors' GPU the current one; an emulated call runs the CPU kernel inside an
 // EmulatedKernel scope (the one place the host may read that device's memory; a launch).
@@ -122,6 +137,7 @@ void count_host_round_trip(const Tensor& a) {
     const Device tp_device = (device);                                      \
     if (tp_device.is_cuda()) {                                              \
       ::tapestry::cuda::detail::set_device(tp_device);                      \
+      DeviceProfileScope tp_scope(op, tp_device);                           \
       return cuda::call;                                                    \
     }                                                                       \
     if (tp_device.is_emulated()) {                                          \

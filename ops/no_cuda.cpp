@@ -42,6 +42,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 }
 void set_device(Device device) { not_built("set_device", device); }
 void* stream(Device device) { not_built("stream", device); }
+void wait_for_stream(Device) noexcept {}
 }  // namespace detail
 
 }  // namespace tapestry::cuda

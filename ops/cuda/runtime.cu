@@ -221,6 +221,12 @@ void set_device(Device device) {
   kernels::cuda::current_device = device.index;
 }
 
+void wait_for_stream(Device device) noexcept {
+  if (!device.is_cuda()) return;
+  runtime::count_sync();
+  cudaStreamSynchronize(kernels::cuda::stream());  // the current device's: set_device ran before the kernel
+}
+
 void* stream(Device device) {
   set_device(device);
   return state_of(device.index).stream;

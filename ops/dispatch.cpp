@@ -76,7 +76,7 @@ void check_binary(const char* op, Binary kind, const Tensor& a, const Tensor& b)
     TP_CHECK(kind == Binary::Eq || kind == Binary::Ne, "{}: not supported for bool tensors; convert with .to() first",
              op);
   if (a.dtype() == DType::Int64)
-    TP_CHECK(kind != Binary::Div && kind != Binary::Pow,
+    TP_CHECK(kind != Binary::Div,
              "{}: not supported for int64 tensors (integer division); convert to float first", op);
 }
 

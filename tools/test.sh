@@ -26,6 +26,7 @@ tools/get-gpt2-tokenizer.sh  # the GPT-2 tokenizer tests read its vocabulary fil
 # The layer check first (seconds): every #include runs down ops <- autograd <- nn <- optim/models/dist
 # <- apps <- tools, and no public header includes an internal one.
 python3 tools/check-layers.py
+python3 tools/check-op-table.py  # every op reached by a row of the OpInfo table
 
 stages="${TAPESTRY_TEST_STAGES:-release cuda sanitize fuzz}"
 [ "${TAPESTRY_SANITIZE:-OFF}" = "ON" ] && stages=sanitize

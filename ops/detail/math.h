@@ -124,10 +124,6 @@ struct Div : BinaryTraits {
   static constexpr bool floating_only = true;
   template <class T> TP_HD T operator()(T x, T y) const { return x / y; }
 };
-struct Pow : BinaryTraits {
-  static constexpr bool floating_only = true;
-  template <class T> TP_HD T operator()(T x, T y) const { return math::pow(x, y); }
-};
 struct Maximum : BinaryTraits {  // NaN wins, as torch.maximum
   template <class T> TP_HD T operator()(T x, T y) const { return (is_nan(x) || x > y) ? x : y; }
 };
@@ -240,7 +236,6 @@ decltype(auto) with_binary_op(Binary kind, F&& f) {
     case Binary::Sub: return f(op::Sub{});
     case Binary::Mul: return f(op::Mul{});
     case Binary::Div: return f(op::Div{});
-    case Binary::Pow: return f(op::Pow{});
     case Binary::Maximum: return f(op::Maximum{});
     case Binary::Minimum: return f(op::Minimum{});
     case Binary::ReluBackward: return f(op::ReluBackward{});

@@ -45,4 +45,11 @@ else()
   set(TAPESTRY_PC_LIBS_PRIVATE "-lopenblas -lz${TAPESTRY_PC_OPENMP}")
 endif()
 configure_file(${CMAKE_CURRENT_LIST_DIR}/tapestry.pc.in ${PROJECT_BINARY_DIR}/tapestry.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/tapestry.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+# The dist component for pkg-config users: tapestry-dist (its library, then tapestry's, and MPI's C
+# library when the build had MPI: mpicc --showme:link).
+if(TAPESTRY_MPI)
+  set(TAPESTRY_PC_MPI " -lmpi")
+endif()
+configure_file(${CMAKE_CURRENT_LIST_DIR}/tapestry-dist.pc.in ${PROJECT_BINARY_DIR}/tapestry-dist.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/tapestry.pc ${PROJECT_BINARY_DIR}/tapestry-dist.pc
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -365,7 +365,7 @@ std::pair<Tensor, Tensor> sort(const Tensor& a, int64_t dim, bool descending, bo
   TP_ROUTE("sort", a.device(), sort(a, dim, descending, stable));
 }
 std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest, bool sorted) {
-  if (!topk_on_device(k, sorted)) count_host_round_trip(a);
+  if (!topk_on_device(k, sorted) || a.dim() == 0) count_host_round_trip(a);  // as the CUDA entry decides
   TP_ROUTE("topk", a.device(), topk(a, k, dim, largest, sorted));
 }
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, std::mt19937_64& engine) {

@@ -31,10 +31,12 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int err = errno;
+  // close() whatever fsync() said (the descriptor must not leak); the first failure is reported.
+  const int sync_err = ::fsync(fd) != 0 ? errno : 0;
+  const int close_err = ::close(fd) != 0 ? errno : 0;
+  if (sync_err || close_err) {
     ::unlink(tmp.c_str());
-    throw Error(fmt::format("save: flushing {} failed: {}", path, std::strerror(err)));
+    throw Error(fmt::format("save: flushing {} failed: {}", path, std::strerror(sync_err ? sync_err : close_err)));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;

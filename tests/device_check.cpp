@@ -23,6 +23,7 @@
 //   and on a GPU also both attention kernels (cuda::set_attention_kernel: gemm and tiled) on shapes
 //   across the tiled kernels' tiles, the tiled kernel's memory and the caching allocator.
 #define DOCTEST_CONFIG_DISABLE
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -698,6 +699,48 @@ void check_step_budget(Device device) {
               device_name(device).c_str(), (long long)m.syncs, (long long)m.launches, (long long)kLmLaunchBudget);
 }
 
+// topk on the device (beam search's selection; the CUDA kernel takes k <= 64 sorted) against the
+// CPU kernel, value for value and index for index: rows longer than a warp's group and a block's,
+// ties, NaN and -0/+0, both directions, along the last dim and dim 0, row counts that do not fill
+// a block.
+void check_topk(Device device) {
+  Generator g(41);
+  size_t n = 0;
+  for (int64_t len : {33, 300, 5000})
+    for (int64_t rows : {1, 7}) {
+      // Small integers (many ties), with NaN, -0 and +0 scattered in.
+      Tensor x = randint(-4, 5, {rows, len}, kInt64, &g).to(kFloat32);
+      Tensor where = rand({rows, len}, kFloat64, &g);
+      x = masked_fill(x, lt(where, 0.03), std::nan(""));
+      x = masked_fill(x, gt(where, 0.97), -0.0);
+      for (DType dt : {kFloat32, kFloat64})
+        for (int64_t k : {1, 8, 64})
+          for (bool largest : {true, false})
+            for (int64_t dim : {-1, 0}) {
+              const Tensor in = (dim == 0 ? x.t() : x).to(dt);  // dim 0 of the transpose: a strided input
+              if (k > in.size(dim)) continue;
+              const std::string where_ = fmt::format("topk k {} of {} x {}, dim {}, {}, {} on {}", k, in.size(0),
+                                                     in.size(1), dim, largest ? "largest" : "smallest", dtype_name(dt),
+                                                     device_name(device));
+              ValuesIndices cpu = topk(in, k, dim, largest, true);
+              ValuesIndices dev = topk(in.to(device), k, dim, largest, true);
+              expect(dev.values.device() == device && dev.indices.device() == device, where_ + ": result off the device");
+              expect(dev.indices.to(Device::CPU).to_vector<int64_t>() == cpu.indices.to_vector<int64_t>(),
+                     where_ + ": indices differ");
+              // Values bit for bit, NaN included (compared through their indices above, and as doubles here).
+              const std::vector<double> a = dev.values.to(Device::CPU).to(kFloat64).to_vector<double>(),
+                                        b = cpu.values.to(kFloat64).to_vector<double>();
+              bool same = a.size() == b.size();
+              for (size_t i = 0; same && i < a.size(); ++i)
+                same = (std::isnan(a[i]) && std::isnan(b[i])) ||
+                       (a[i] == b[i] && std::signbit(a[i]) == std::signbit(b[i]));
+              expect(same, where_ + ": values differ");
+              ++n;
+            }
+    }
+  std::printf("device_check: %zu topk cases on %s equal the CPU's, index for index\n", n, device_name(device).c_str());
+}
+
 // Everything above that holds on any device.
 void check_device(Device device) {
   check_runtime(device);
@@ -709,6 +752,7 @@ void check_device(Device device) {
   check_gpt_step(device, kFloat32);
   check_optimizers(device);
   check_decoding_and_checkpoints(device);
+  check_topk(device);
   check_step_budget(device);
 }
 

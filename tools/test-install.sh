@@ -60,6 +60,10 @@ CPP
 cmake -S "$tmp/dist" -B "$tmp/dist/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
 cmake --build "$tmp/dist/build" >/dev/null
 "$tmp/dist/build/ranks"
+# ... and through pkg-config's tapestry-dist.
+g++ -std=c++17 -O1 "$tmp/dist/ranks.cpp" -o "$tmp/dist/ranks_pc" \
+    $(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs tapestry-dist)
+"$tmp/dist/ranks_pc" >/dev/null
 
 # By hand, with pkg-config (docs/api.md: "Install and link").
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"

@@ -100,7 +100,14 @@ AttentionMaps attention_maps(Transformer& model, const Subword& sp, const std::s
   for (auto& l : enc) modules.push_back(l->self_attn);
   for (auto& l : dec) modules.push_back(l->self_attn), modules.push_back(l->src_attn);
   // One teacher-forced forward, each attention module's weights caught by a hook.
+  // The hooks point at `caught`: they come off however the forward ends (a throw included).
   std::map<const nn::MultiHeadAttention*, Tensor> caught;
+  struct HooksOff {
+    std::vector<std::shared_ptr<nn::MultiHeadAttention>>& modules;
+    ~HooksOff() {
+      for (auto& m : modules) m->set_attention_hook(nullptr);
+    }
+  } hooks_off{modules};
   for (auto& m : modules) {
     const nn::MultiHeadAttention* key = m.get();
     m->set_attention_hook([&caught, key](const Tensor& w) { caught[key] = w; });
@@ -111,7 +118,6 @@ AttentionMaps attention_maps(Transformer& model, const Subword& sp, const std::s
     const int64_t T = static_cast<int64_t>(tgt_in.size());
     model.forward(tensor(src_ids, {1, S}), tensor(tgt_in, {1, T}));
   }
-  for (auto& m : modules) m->set_attention_hook(nullptr);
   auto take = [&](const char* kind, int64_t layer, nn::MultiHeadAttention& m, const std::vector<std::string>& rows,
                   const std::vector<std::string>& cols) {
     out.maps.push_back(AttentionMap{kind, layer, caught.at(&m).select(0, 0).contiguous(), rows, cols});

@@ -132,32 +132,25 @@ struct DeviceProfileScope {
 // makes the tensors' GPU the current one; an emulated call runs the CPU kernel inside an
 // EmulatedKernel scope (the one place the host may read that device's memory; a launch).
 #ifdef TAPESTRY_WITH_CUDA
-#define TP_ROUTE(op, device, call)                                          \
+#define TP_ROUTE_CUDA(op, call)                                             \
   do {                                                                      \
-    const Device tp_device = (device);                                      \
-    if (tp_device.is_cuda()) {                                              \
-      ::tapestry::cuda::detail::set_device(tp_device);                      \
-      DeviceProfileScope tp_scope(op, tp_device);                           \
-      return cuda::call;                                                    \
-    }                                                                       \
-    if (tp_device.is_emulated()) {                                          \
-      ::tapestry::runtime::EmulatedKernel tp_kernel;                        \
-      return cpu::call;                                                     \
-    }                                                                       \
-    return cpu::call;                                                       \
+    ::tapestry::cuda::detail::set_device(tp_device);                        \
+    DeviceProfileScope tp_scope(op, tp_device);                             \
+    return cuda::call;                                                      \
   } while (0)
 #else
+#define TP_ROUTE_CUDA(op, call) no_cuda_backend(op)
+#endif
 #define TP_ROUTE(op, device, call)                                          \
   do {                                                                      \
     const Device tp_device = (device);                                      \
-    if (tp_device.is_cuda()) no_cuda_backend(op);                           \
+    if (tp_device.is_cuda()) TP_ROUTE_CUDA(op, call);                       \
     if (tp_device.is_emulated()) {                                          \
       ::tapestry::runtime::EmulatedKernel tp_kernel;                        \
       return cpu::call;                                                     \
     }                                                                       \
     return cpu::call;                                                       \
   } while (0)
-#endif
 
 Tensor binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
   const Device device = common_device(op, {&a, &b});

@@ -18,10 +18,12 @@ TransformerConfig TransformerConfig::named(const std::string& name, int64_t src_
   } else if (name == "tiny") {
     c.d_model = 64, c.heads = 4, c.d_ff = 128, c.enc_layers = 2, c.dec_layers = 2;
   } else {
-    throw Error(fmt::format("TransformerConfig: unknown config '{}' (expected base, big, small or tiny)", name));
+    throw Error(fmt::format("TransformerConfig: unknown config '{}' (expected one of {})", name, fmt::join(names(), ", ")));
   }
   return c;
 }
+
+std::vector<std::string> TransformerConfig::names() { return {"tiny", "small", "base", "big"}; }
 
 void TransformerConfig::validate() const {
   TP_CHECK(src_vocab > 0 && tgt_vocab > 0, "TransformerConfig: vocabulary sizes must be positive, got {} and {}",

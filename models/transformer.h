@@ -22,6 +22,7 @@ struct TransformerConfig {
 
   // "base" and "big" (the paper), "small" (256, 3+3 layers, 8 heads, 1024), "tiny" (64, 2+2, 4, 128).
   static TransformerConfig named(const std::string& name, int64_t src_vocab, int64_t tgt_vocab);
+  static std::vector<std::string> names();  // what named() takes, smallest first
   void validate() const;  // throws tapestry::Error naming the bad field
 };
 

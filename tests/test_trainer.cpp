@@ -233,10 +233,10 @@ TEST_CASE("TrainerOptions are checked") {
     change(o);
     return error_of([&] { apps::Trainer t(model, sgd, nullptr, o); });
   };
-  CHECK(error_with([](auto& o) { o.accumulate = 0; }).find("--accumulate must be at least 1") != std::string::npos);
-  CHECK(error_with([](auto& o) { o.clip_norm = -1; }).find("--clip-norm must be >= 0") != std::string::npos);
-  CHECK(error_with([](auto& o) { o.on_nan = "maybe"; }).find("--on-nan must be stop or skip") != std::string::npos);
-  CHECK(error_with([](auto& o) { o.epochs = 0; }).find("--epochs must be at least 1") != std::string::npos);
+  CHECK(error_with([](auto& o) { o.accumulate = 0; }).find("train: --accumulate: must be a positive integer, got '0'") != std::string::npos);
+  CHECK(error_with([](auto& o) { o.clip_norm = -1; }).find("train: --clip-norm: must be a number >= 0, got '-1.0'") != std::string::npos);
+  CHECK(error_with([](auto& o) { o.on_nan = "maybe"; }).find("train: --on-nan: must be stop or skip, got 'maybe'") != std::string::npos);
+  CHECK(error_with([](auto& o) { o.epochs = 0; }).find("train: --epochs: must be a positive integer, got '0'") != std::string::npos);
   apps::TrainerOptions o;
   o.save_every = 5;  // without a run folder
   apps::Trainer t(model, sgd, nullptr, o);

@@ -138,7 +138,7 @@ TEST_CASE("cached and uncached decoding give the same tokens and scores") {
 TEST_CASE("the copy task reaches exact copies on held-out sequences") {
   apps::CopyTaskOptions o;
   o.d_model = 64, o.heads = 4, o.d_ff = 128, o.batch = 32, o.warmup = 200, o.max_steps = 2000, o.lr_factor = 1.0;
-  o.eval_every = 100;
+  o.trainer.eval_every = 100;
   auto r = apps::train_copy_task(o);
   MESSAGE("copy task (d_model 64, batch 32): solved=", r.solved, " after ", r.steps, " steps, loss ", r.last_loss);
   CHECK(r.solved);

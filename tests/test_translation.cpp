@@ -47,13 +47,13 @@ apps::TranslationOptions synthetic_task(const std::string& name, int train, int 
   write_corpus(dir, "test_2016_flickr", test, seed + 2);
   apps::TranslationOptions o;
   o.data_dir = dir;
-  o.out_dir = dir + "/run";
+  o.trainer.out_dir = dir + "/run";
   o.config = "tiny";
   o.vocab_size = 80;
   o.max_tokens = 512;
-  o.epochs = 2;
-  o.average = 0;
-  o.progress = false;
+  o.trainer.epochs = 2;
+  o.trainer.average = 0;
+  o.trainer.progress = false;
   return o;
 }
 }  // namespace
@@ -129,9 +129,9 @@ TEST_CASE("gradient accumulation, clipping and pre-norm: fewer optimizer steps, 
   o.beam = 1;
   o.max_tokens = 256;
   auto single = apps::train_translation(o);
-  o.out_dir = dir + "/nested/accumulated";  // parents are created as needed
-  o.accumulate = 3;
-  o.clip_norm = 1.0;
+  o.trainer.out_dir = dir + "/nested/accumulated";  // parents are created as needed
+  o.trainer.accumulate = 3;
+  o.trainer.clip_norm = 1.0;
   o.pre_norm = true;
   auto accumulated = apps::train_translation(o);
   REQUIRE(accumulated.epochs.size() == 2);
@@ -139,10 +139,10 @@ TEST_CASE("gradient accumulation, clipping and pre-norm: fewer optimizer steps, 
   const int64_t batches = single.epochs[0].steps;
   CHECK(accumulated.epochs[0].steps == (batches + 2) / 3);
   CHECK(accumulated.epochs[1].train_loss < accumulated.epochs[0].train_loss);
-  auto t = apps::load_translator(o.out_dir);
+  auto t = apps::load_translator(o.trainer.out_dir);
   CHECK(t.model->config.pre_norm);
-  o.accumulate = 0;
-  CHECK(error_of([&] { apps::train_translation(o); }).find("--accumulate must be at least 1") != std::string::npos);
+  o.trainer.accumulate = 0;
+  CHECK(error_of([&] { apps::train_translation(o); }).find("train: --accumulate: must be a positive integer, got '0'") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
@@ -152,18 +152,18 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
   o.warmup = 30;
   o.beam = 1;
   o.max_tokens = 256;
-  o.accumulate = 2;  // the checkpoint falls between groups of batches
-  o.clip_norm = 1.0;
+  o.trainer.accumulate = 2;  // the checkpoint falls between groups of batches
+  o.trainer.clip_norm = 1.0;
 
-  o.out_dir = dir + "/straight";
+  o.trainer.out_dir = dir + "/straight";
   auto straight = apps::train_translation(o);
 
-  o.out_dir = dir + "/interrupted";
-  o.stop_after = 7;  // mid-way through the first epoch
+  o.trainer.out_dir = dir + "/interrupted";
+  o.trainer.stop_after = 7;  // mid-way through the first epoch
   auto first = apps::train_translation(o);
   CHECK(first.stopped);
-  o.stop_after = 0;
-  o.resume = true;
+  o.trainer.stop_after = 0;
+  o.trainer.resume = true;
   auto resumed = apps::train_translation(o);
   REQUIRE(resumed.epochs.size() == 2);
   CHECK(resumed.epochs[1].train_loss == straight.epochs[1].train_loss);  // exactly
@@ -178,13 +178,13 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
   }
   // Interrupted right after the last batch of epoch 1: the resumed run still validates epoch 1
   // and writes its copy before going on, and ends in the same place.
-  o.out_dir = dir + "/epoch_end";
-  o.resume = false;
-  o.stop_after = straight.epochs[0].steps;
+  o.trainer.out_dir = dir + "/epoch_end";
+  o.trainer.resume = false;
+  o.trainer.stop_after = straight.epochs[0].steps;
   CHECK(apps::train_translation(o).stopped);
   CHECK_FALSE(std::ifstream(dir + "/epoch_end/model.epoch1.safetensors").good());
-  o.stop_after = 0;
-  o.resume = true;
+  o.trainer.stop_after = 0;
+  o.trainer.resume = true;
   auto at_end = apps::train_translation(o);
   REQUIRE(at_end.epochs.size() == 2);
   CHECK(at_end.epochs[0].val_loss == straight.epochs[0].val_loss);
@@ -210,11 +210,11 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
             .find("average_checkpoints:") != std::string::npos);
   {
     apps::TranslationOptions k = o;
-    k.out_dir = dir + "/keep";
-    k.epochs = 3;
-    k.keep = 2;
-    k.average = 2;
-    k.resume = false;
+    k.trainer.out_dir = dir + "/keep";
+    k.trainer.epochs = 3;
+    k.trainer.keep = 2;
+    k.trainer.average = 2;
+    k.trainer.resume = false;
     auto r = apps::train_translation(k);
     CHECK(r.averaged == 2);
     CHECK_FALSE(std::ifstream(dir + "/keep/model.epoch1.safetensors").good());
@@ -224,7 +224,7 @@ TEST_CASE("an interrupted run resumed from its checkpoint ends where an uninterr
     CHECK(r.best_epoch >= 1);
   }
   // A checkpoint of another config is refused with a clear message.
-  o.out_dir = dir + "/interrupted";
+  o.trainer.out_dir = dir + "/interrupted";
   o.config = "small";
   CHECK(error_of([&] { apps::train_translation(o); }).find("was trained with config = tiny, but this run has config "
                                                              "= small") != std::string::npos);

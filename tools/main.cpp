@@ -7,6 +7,7 @@
 
 #include "tapestry/dist/dist.h"
 #include "tapestry/tapestry.h"
+#include "apps/train/option_table.h"
 #include "tools/cli.h"
 #include "tools/config_file.h"
 
@@ -15,22 +16,7 @@ using namespace tapestry;
 namespace tapestry::tools {
 
 const CLI::Validator& device_flag() {
-  static const CLI::Validator v(
-      [](std::string& value) -> std::string {
-        try {
-          const Device device = Device::parse(value);
-          if (device.is_cpu() || device.is_emulated()) return "";  // emulated: tests (Note [Emulated device])
-          if (!cuda::built()) return "'" + value + "': " + cuda::unavailable_reason();
-          const int count = cuda::device_count();
-          if (count == 0) return "'" + value + "': " + cuda::unavailable_reason();
-          if (device.index >= count)
-            return fmt::format("'{}': this machine has {} GPU(s) (cuda:0 to cuda:{})", value, count, count - 1);
-          return "";
-        } catch (const Error& e) {
-          return e.what();
-        }
-      },
-      "DEVICE");
+  static const CLI::Validator v([](std::string& value) { return apps::device_problem(value); }, "DEVICE");
   return v;
 }
 

@@ -2,10 +2,9 @@
 // as the Annotated Transformer trains it; greedy decoding on held-out sequences.
 #include "apps/tasks/copy_task.h"
 
-#include "tapestry/dist/dist.h"
-#include "tapestry/models/transformer.h"
+#include "apps/tasks/paper_transformer.h"
 #include "apps/train/trainer.h"
-#include "tapestry/optim/optimizer.h"
+#include "tapestry/dist/dist.h"
 
 namespace tapestry::apps {
 
@@ -22,7 +21,7 @@ Tensor random_sequences(int64_t n, int64_t len, int64_t vocab, Generator& gen) {
 // Random sequences, drawn fresh for every batch from their own generator.
 class CopyData : public DataSource {
  public:
-  CopyData(Transformer& model, const CopyTaskOptions& o) : model_(model), o_(o), gen_(o.seed + 1) {}
+  CopyData(Transformer& model, const CopyTaskOptions& o) : model_(model), o_(o), gen_(o.trainer.seed + 1) {}
   int64_t plan(int64_t) override { return o_.max_steps; }  // one "epoch" of max_steps batches
   TrainBatch batch(int64_t) override {
     // Every rank draws the whole global batch (the same generator), then keeps its rows.
@@ -43,9 +42,30 @@ class CopyData : public DataSource {
 };
 }  // namespace
 
-CopyTaskResult train_copy_task(const CopyTaskOptions& o) {
-  manual_seed(o.seed);
-  Generator eval_gen(o.seed + 2);
+OptionTable options_table(CopyTaskOptions& o) {
+  OptionTable trainer = trainer_options(o.trainer), t("copy");
+  t.add("steps", o.max_steps, "maximum training steps").positive();
+  t.add("batch", o.batch, "sequences per batch").positive();
+  t.add("d-model", o.d_model, "model width").positive();
+  t.add("heads", o.heads, "attention heads").positive();
+  t.add("d-ff", o.d_ff, "feed-forward width").positive();
+  t.add("layers", o.layers, "encoder and decoder layers").positive();
+  t.add("norm", o.pre_norm, "where the layers put LayerNorm: post (the paper's) or pre")
+      .one_of({"post", "pre"});
+  t.add("warmup", o.warmup, "Noam warmup steps").positive();
+  t.add("lr-factor", o.lr_factor, "Noam schedule factor").above(0);
+  t.take_all(trainer, {"eval-every", "seed"});
+  t.add_process_rows(o.threads, o.device);
+  t.take_all(trainer, {"step-log", "no-progress"});
+  return t;
+}
+
+CopyTaskResult train_copy_task(const CopyTaskOptions& options) {
+  CopyTaskOptions o = options;
+  options_table(o).check();
+  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
+  manual_seed(o.trainer.seed);
+  Generator eval_gen(o.trainer.seed + 2);
   TransformerConfig cfg;
   cfg.src_vocab = cfg.tgt_vocab = o.vocab;
   cfg.d_model = o.d_model, cfg.heads = o.heads, cfg.d_ff = o.d_ff;
@@ -53,12 +73,8 @@ CopyTaskResult train_copy_task(const CopyTaskOptions& o) {
   cfg.dropout = o.dropout;
   cfg.pre_norm = o.pre_norm;
   cfg.pad_id = 0;
-  Transformer model(cfg);
-  model.to(Device::parse(o.device));  // before the optimizer, whose state follows the parameters
-  optim::AdamOptions ao;
-  ao.beta1 = 0.9, ao.beta2 = 0.98, ao.eps = 1e-9;
-  optim::Adam opt(model.parameters(), ao);
-  optim::NoamSchedule schedule(o.d_model, o.warmup, o.lr_factor);
+  PaperTransformer paper(cfg, training_device(o.device), o.warmup, o.lr_factor);
+  Transformer& model = paper.model;
 
   Tensor held_out = random_sequences(o.eval_sequences, o.seq_len, o.vocab, eval_gen);
   std::vector<int64_t> expected = held_out.slice(1, 1, o.seq_len).contiguous().to_vector<int64_t>();
@@ -67,12 +83,7 @@ CopyTaskResult train_copy_task(const CopyTaskOptions& o) {
   dec.eos = -1;         // no end symbol: decode exactly seq_len - 1 tokens
   dec.max_extra = -1;   // output length = source length - 1
 
-  TrainerOptions to;
-  to.eval_every = o.eval_every;
-  to.progress = o.progress;
-  to.step_log = o.step_log;
-  to.seed = o.seed;
-  Trainer trainer(model, opt, &schedule, to);
+  Trainer trainer(model, paper.adam, &paper.schedule, o.trainer);
   trainer.evaluate = [&](int64_t, int64_t) {
     auto hyps = greedy_decode(model, held_out, dec);
     int64_t exact = 0;

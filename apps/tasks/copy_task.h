@@ -4,9 +4,18 @@
 #include <cstdint>
 #include <string>
 
+#include "apps/train/trainer.h"
+
 namespace tapestry::apps {
 
 struct CopyTaskOptions {
+  // The Trainer's part: a held-out check every 50 steps, the seed, the progress line, the step log.
+  TrainerOptions trainer = [] {
+    TrainerOptions t;
+    t.eval_every = 50;
+    t.seed = 1;
+    return t;
+  }();
   int64_t vocab = 11, seq_len = 10, batch = 80;
   int64_t d_model = 512, heads = 8, d_ff = 2048, layers = 2;
   double dropout = 0.1;
@@ -14,13 +23,13 @@ struct CopyTaskOptions {
   int64_t warmup = 400;
   double lr_factor = 0.5;  // the Annotated Transformer: Adam lr 0.5 times rate(factor 1): peak 1.1e-3
   int64_t max_steps = 3000;
-  int64_t eval_every = 50;     // steps between held-out checks
   int64_t eval_sequences = 200;
-  uint64_t seed = 1;
-  bool progress = true;   // the Trainer's progress line on stderr
-  std::string step_log;   // a TSV line per step (see TrainerOptions::step_log)
+  int64_t threads = 0;    // 0: all cores
   std::string device = "cpu";  // where the model trains: cpu, cuda or cuda:N (a -DTAPESTRY_CUDA=ON build)
 };
+
+// The task's options, one row each (flag, help, values): the command line's flags.
+OptionTable options_table(CopyTaskOptions& options);
 
 struct CopyTaskResult {
   bool solved = false;     // every held-out sequence copied exactly

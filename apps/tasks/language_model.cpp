@@ -135,21 +135,43 @@ double stream_loss(GPT& model, const std::vector<int32_t>& stream, int64_t block
   return count ? total / static_cast<double>(count) : 0.0;
 }
 
-LMResult train_language_model(const LMOptions& o) {
-  TrainerOptions to;
-  to.epochs = o.epochs, to.clip_norm = o.clip_norm, to.on_nan = o.on_nan, to.progress = o.progress;
-  to.step_log = o.step_log, to.out_dir = o.out_dir, to.resume = o.resume, to.save_every = o.save_every;
-  to.stop_after = o.stop_after, to.keep = 1, to.average = 0, to.time_limit = o.time_limit;
-  to.seed = o.seed, to.reshard = o.reshard;
-  check_options(to);
-  TP_CHECK(o.tokenizer == "sentencepiece" || o.tokenizer == "byte" || o.tokenizer == "gpt2",
-           "train: --tokenizer must be sentencepiece, byte or gpt2, got '{}'", o.tokenizer);
-  TP_CHECK(o.block >= 1 && o.batch >= 1, "train: --block and --batch must be at least 1, got {} and {}", o.block,
-           o.batch);
-  TP_CHECK(std::isfinite(o.lr) && o.lr > 0 && std::isfinite(o.min_lr) && o.min_lr >= 0 && o.min_lr <= o.lr,
-           "train: need --lr > 0 and 0 <= --min-lr <= --lr, got {} and {}", o.lr, o.min_lr);
-  TP_CHECK(o.weight_decay >= 0 && o.dropout >= 0 && o.dropout < 1,
-           "train: need --weight-decay >= 0 and --dropout in [0, 1), got {} and {}", o.weight_decay, o.dropout);
+OptionTable options_table(LMOptions& o) {
+  OptionTable trainer = trainer_options(o.trainer), t("lm");
+  t.add("data", o.train_path, "the training text, UTF-8, plain or .gz (default: Multi30k's train.en)");
+  t.add("val", o.val_path, "validation text (default: Multi30k's val.en, or with --data the last 5% of it)");
+  t.take(trainer, "out");
+  t.add("tokenizer", o.tokenizer, "sentencepiece (trained on --data), byte, or gpt2 (GPT-2's BPE; "
+        "tools/get-gpt2-tokenizer.sh fetches its files)").one_of({"sentencepiece", "byte", "gpt2"});
+  t.add("gpt2-dir", o.gpt2_dir, "where encoder.json and vocab.bpe are (default: $TAPESTRY_GPT2_DIR or "
+        "~/.cache/tapestry/gpt2)");
+  t.add("vocab-size", o.vocab_size, "SentencePiece vocabulary").positive();
+  t.add("config", o.config, "model size").one_of(GPTConfig::names()).recipe();
+  t.add("block", o.block, "context length of the training windows").positive().recipe();
+  t.add("batch", o.batch, "windows per batch").positive().recipe();
+  t.take(trainer, "epochs").recipe();  // the cosine schedule spans them
+  t.add("warmup", o.warmup, "steps of linear warmup before the cosine decay").positive();
+  t.add("lr", o.lr, "peak learning rate (AdamW)").above(0);
+  t.add("min-lr", o.min_lr, "learning rate at the end of the cosine decay").at_least(0);
+  t.add("weight-decay", o.weight_decay, "AdamW weight decay on matrices (none on biases and LayerNorm)").at_least(0);
+  t.add("dropout", o.dropout, "dropout").at_least(0).below(1);
+  t.take(trainer, "clip-norm");
+  t.take(trainer, "seed").recipe();
+  t.add("limit", o.limit, "train on the first N lines only (0: all)").at_least(0).recipe();
+  t.take(trainer, "save-every");
+  t.add_process_rows(o.threads, o.device);
+  t.take_all(trainer, {"on-nan", "time-limit", "resume", "overwrite", "reshard", "step-log", "no-progress"});
+  t.add("export-ids", o.export_ids, "also write the token streams (train.ids, val.ids: int32) for tools/lm-compare.sh")
+      .this_run_only();
+  return t;
+}
+
+LMResult train_language_model(const LMOptions& options) {
+  LMOptions o = options;
+  const OptionTable table = options_table(o);
+  table.check();  // before the data are read, as the flags would be
+  TP_CHECK(o.min_lr <= o.lr, "train: --min-lr {} is above --lr {}", o.min_lr, o.lr);
+  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
+  TrainerOptions to = o.trainer;
   GPTConfig cfg = GPTConfig::named(o.config, 1);  // checks the name before the data are read
 
   // The text: --data and --val, or the default recipe's Multi30k English side.
@@ -169,17 +191,19 @@ LMResult train_language_model(const LMOptions& o) {
   }
   if (o.limit > 0 && static_cast<size_t>(o.limit) < train_lines.size()) train_lines.resize(static_cast<size_t>(o.limit));
 
-  RunFolder folder(o.out_dir, o.resume, o.overwrite, {"spm.model", "spm.recipe", "gpt2", "train.ids", "val.ids", "ids.json"});
-  manual_seed(o.seed);
+  RunFolder folder(to.out_dir, to.resume, to.overwrite,
+                   {"spm.model", "spm.recipe", "gpt2", "train.ids", "val.ids", "ids.json", "config.toml"});
+  const std::string config_toml = table.to_toml();
+  manual_seed(to.seed);
   std::unique_ptr<LMTokenizer> tok;
   if (o.tokenizer == "byte") {
     tok = byte_tokenizer();
   } else if (o.tokenizer == "sentencepiece") {
-    tok = sentencepiece_tokenizer(Subword::train_in_folder(o.out_dir, o.vocab_size, o.limit, o.seed, train_path,
+    tok = sentencepiece_tokenizer(Subword::train_in_folder(to.out_dir, o.vocab_size, o.limit, to.seed, train_path,
                                                            [&] { return train_lines; }));
   } else {
     // A copy of the vocabulary files goes into the run folder, so that it stands alone.
-    const std::string src = o.gpt2_dir.empty() ? default_gpt2_dir() : o.gpt2_dir, dst = o.out_dir + "/gpt2";
+    const std::string src = o.gpt2_dir.empty() ? default_gpt2_dir() : o.gpt2_dir, dst = to.out_dir + "/gpt2";
     tok = gpt2_tokenizer(src);
     if (dist::is_main()) {  // rank 0 writes the run folder
       std::filesystem::create_directories(dst);
@@ -194,9 +218,9 @@ LMResult train_language_model(const LMOptions& o) {
   TP_CHECK(static_cast<int64_t>(train.ids.size()) > o.block, "train: {} gives {} tokens, fewer than one window of "
            "--block {} + 1", train_path, train.ids.size(), o.block);
   if (o.export_ids && dist::is_main()) {
-    write_ids(o.out_dir + "/train.ids", train.ids);
-    write_ids(o.out_dir + "/val.ids", val.ids);
-    write_file_atomic(o.out_dir + "/ids.json",
+    write_ids(to.out_dir + "/train.ids", train.ids);
+    write_ids(to.out_dir + "/val.ids", val.ids);
+    write_file_atomic(to.out_dir + "/ids.json",
                           fmt::format("{{\"vocab\": {}, \"train_tokens\": {}, \"val_tokens\": {}, \"val_bytes\": {}, "
                                       "\"train_bytes\": {}, \"separator\": {}}}\n", tok->vocab_size(), train.ids.size(),
                                       val.ids.size(), val.bytes, train.bytes, tok->separator()));
@@ -206,14 +230,14 @@ LMResult train_language_model(const LMOptions& o) {
   cfg.block_size = o.block;
   cfg.dropout = o.dropout;
   GPT model(cfg);
-  model.to(Device::parse(o.device));  // before the optimizer, whose state follows the parameters
+  model.to(training_device(o.device));  // before the optimizer, whose state follows the parameters
   optim::AdamOptions ao;
   ao.lr = o.lr, ao.beta1 = 0.9, ao.beta2 = 0.95, ao.eps = 1e-8, ao.weight_decay = o.weight_decay;
   optim::AdamW adamw({{model.decay_parameters(), std::nullopt, o.weight_decay},
                       {model.no_decay_parameters(), std::nullopt, 0.0}}, ao);
-  LMData data(model, train.ids, o.block, o.batch, o.seed);
+  LMData data(model, train.ids, o.block, o.batch, to.seed);
   const int64_t steps_per_epoch = data.plan(1);
-  const int64_t total_steps = steps_per_epoch * o.epochs;
+  const int64_t total_steps = steps_per_epoch * to.epochs;
   optim::CosineSchedule schedule(o.lr, std::min(o.warmup, total_steps), total_steps, o.min_lr);
   std::printf("train: language model on %s (%zu lines, %zu tokens, %lld bytes), val %s (%zu tokens), tokenizer %s "
               "(vocabulary %lld), config %s (%lld layers, %lld heads, d_model %lld, %lld parameters), block %lld, "
@@ -221,20 +245,14 @@ LMResult train_language_model(const LMOptions& o) {
               train_path.c_str(), train_lines.size(), train.ids.size(), (long long)train.bytes, val_path.c_str(),
               val.ids.size(), tok->name().c_str(), (long long)tok->vocab_size(), o.config.c_str(),
               (long long)cfg.layers, (long long)cfg.heads, (long long)cfg.d_model, (long long)model.num_parameters(),
-              (long long)o.block, (long long)o.batch, (long long)o.epochs, (long long)steps_per_epoch, o.lr,
+              (long long)o.block, (long long)o.batch, (long long)to.epochs, (long long)steps_per_epoch, o.lr,
               o.min_lr, (long long)std::min(o.warmup, total_steps), o.weight_decay);
   std::fflush(stdout);
 
-  to.recipe = {{"task", "lm"},
-               {"config", o.config},
-               {"tokenizer", tok->name()},
-               {"vocab", std::to_string(tok->vocab_size())},
-               {"block", std::to_string(o.block)},
-               {"batch", std::to_string(o.batch)},
-               {"epochs", std::to_string(o.epochs)},
-               {"seed", std::to_string(o.seed)},
-               {"limit", std::to_string(o.limit)},
-               {"data", train_path}};
+  to.recipe = table.recipe();  // and what follows from the options: the resolved data, the tokenizer's vocabulary
+  to.recipe.insert({{"task", "lm"}, {"tokenizer", tok->name()}, {"vocab", std::to_string(tok->vocab_size())},
+                    {"data", train_path}});
+  to.run_files = {{"config.toml", config_toml}};
   to.model_metadata = {{"task", "lm"},
                        {"tokenizer", tok->name()},
                        {"vocab", std::to_string(cfg.vocab)},

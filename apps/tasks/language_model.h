@@ -10,41 +10,47 @@
 #include <vector>
 
 #include "apps/data/lm_tokenizer.h"
+#include "apps/train/trainer.h"
 #include "tapestry/models/gpt.h"
 
 namespace tapestry::apps {
 
 struct LMOptions {
   // The default recipe (docs/training.md: "Language model"): the English side of Multi30k.
+  // The Trainer's part: epochs, clip-norm, out, resume, seed, ... (one epoch copy, no averaging).
+  TrainerOptions trainer = [] {
+    TrainerOptions t;
+    t.epochs = 8;
+    t.clip_norm = 1.0;
+    t.out_dir = "runs/lm";
+    t.seed = 1;
+    t.keep = 1;
+    t.average = 0;
+    return t;
+  }();
   std::string train_path;   // empty: default_data_dir()/train.en.gz
   std::string val_path;     // empty: val.en.gz beside the default train file; with --data alone,
                             // the last 5% of its lines (at least one) are held out
-  std::string out_dir = "runs/lm";
   std::string tokenizer = "sentencepiece";  // sentencepiece | byte | gpt2
   std::string gpt2_dir;     // gpt2: where encoder.json and vocab.bpe are (empty: the default cache)
   int64_t vocab_size = 4000;  // sentencepiece only
   std::string config = "mini";
   int64_t block = 64;       // context length of the training windows (<= the config's, which it replaces)
   int64_t batch = 32;       // windows per batch
-  int64_t epochs = 8;
   double lr = 2e-3, min_lr = 2e-4;
   int64_t warmup = 200;     // steps of linear warmup, then cosine decay to min_lr at the last step
   double weight_decay = 0.1;
   double dropout = 0.1;
-  double clip_norm = 1.0;
-  uint64_t seed = 1;
   int64_t limit = 0;        // train on the first N lines only (0: all)
-  double time_limit = 0;    // seconds of training (0: none); the schedule still spans all epochs
   int64_t threads = 0;
   std::string device = "cpu";  // where the model trains: cpu, cuda or cuda:N (a -DTAPESTRY_CUDA=ON build)
-  bool progress = true, resume = false, overwrite = false;
-  bool reshard = false;  // resume a checkpoint of a different process count (TrainerOptions::reshard)
-  int64_t save_every = 0, stop_after = 0;
-  std::string on_nan = "stop";
-  std::string step_log;
   bool export_ids = false;  // also write train.ids/val.ids (int32) and ids.json for tools/lm-compare.sh
   std::vector<std::string> prompts;  // sampled (greedy and seeded) after training
 };
+
+// The task's options, one row each (flag, help, values, role): the command line's flags, the
+// config.toml a run writes and the resume recipe.
+OptionTable options_table(LMOptions& options);
 
 struct LMResult {
   int64_t steps = 0, train_tokens = 0, val_tokens = 0, val_bytes = 0, parameters = 0;

@@ -11,6 +11,7 @@
 
 #include "apps/eval/bleu.h"
 #include "apps/data/parallel_corpus.h"
+#include "apps/tasks/paper_transformer.h"
 #include "apps/train/run_dir.h"
 #include "apps/train/trainer.h"
 #include "apps/data/subword.h"
@@ -89,47 +90,50 @@ std::vector<std::string> head(const std::vector<std::string>& v, int64_t limit) 
   return limit > 0 && static_cast<size_t>(limit) < v.size() ? std::vector<std::string>(v.begin(), v.begin() + limit) : v;
 }
 
-std::string toml_string(const std::string& v) { return "\"" + v + "\""; }  // options_to_toml checks v
-
-std::string toml_number(double v) {
-  std::string s = fmt::format("{}", v);
-  return s.find_first_of(".en") == std::string::npos ? s + ".0" : s;  // a TOML float has a point or exponent
-}
-
 }  // namespace
 
-std::string options_to_toml(const TranslationOptions& o) {
-  // CLI11's TOML reader unescapes nothing and ends a value at '#': such paths could not read back.
-  for (const std::string* path : {&o.data_dir, &o.out_dir})
-    TP_CHECK(path->find_first_of("\"\\#\n") == std::string::npos,
-             "train: the path '{}' holds a quote, a backslash, '#' or a newline, which config.toml cannot hold", *path);
-  std::string t = "# tapestry train: read back with `tapestry train --config-file FILE`; flags override it\n";
-  auto line = [&](const char* key, const std::string& value) { t += fmt::format("{} = {}\n", key, value); };
-  line("task", toml_string("multi30k"));
-  line("data", toml_string(o.data_dir.empty() ? default_data_dir() : o.data_dir));
-  line("out", toml_string(o.out_dir));
-  line("config", toml_string(o.config));
-  line("norm", toml_string(o.pre_norm ? "pre" : "post"));
-  line("vocab-size", std::to_string(o.vocab_size));
-  line("max-tokens", std::to_string(o.max_tokens));
-  line("accumulate", std::to_string(o.accumulate));
-  line("epochs", std::to_string(o.epochs));
-  line("warmup", std::to_string(o.warmup));
-  line("lr-factor", toml_number(o.lr_factor));
-  line("label-smoothing", toml_number(o.label_smoothing));
-  line("dropout", toml_number(o.dropout));
-  line("clip-norm", toml_number(o.clip_norm));
-  line("seed", std::to_string(o.seed));
-  line("limit", std::to_string(o.limit));
-  line("eval-limit", std::to_string(o.eval_limit));
-  line("beam", std::to_string(o.beam));
-  line("alpha", toml_number(o.alpha));
-  line("save-every", std::to_string(o.save_every));
-  line("keep", std::to_string(o.keep));
-  line("average", std::to_string(o.average));
-  line("threads", std::to_string(o.threads));
-  line("device", toml_string(o.device));
+TranslationOptions quick_translation_options() {
+  TranslationOptions o;
+  o.trainer.epochs = 2;
+  o.trainer.average = 0;
+  o.trainer.out_dir = "runs/multi30k-quick";
+  o.eval_limit = 300;
+  o.beam = 1;
+  return o;
+}
+
+OptionTable options_table(TranslationOptions& o) {
+  OptionTable trainer = trainer_options(o.trainer), t("multi30k");
+  t.add("data", o.data_dir, "the data directory (default: $TAPESTRY_DATA or ../shared/data/multi30k)");
+  t.take(trainer, "out");
+  t.add("config", o.config, "model size").one_of(TransformerConfig::names()).recipe();
+  t.add("norm", o.pre_norm, "where the layers put LayerNorm: post (the paper's) or pre").one_of({"post", "pre"}).recipe("pre_norm");
+  t.add("vocab-size", o.vocab_size, "joint SentencePiece vocabulary").positive();
+  t.add("max-tokens", o.max_tokens, "padded tokens per batch").positive().recipe();
+  t.take(trainer, "accumulate").recipe();
+  t.take(trainer, "epochs");
+  t.add("warmup", o.warmup, "Noam warmup steps").positive();
+  t.add("lr-factor", o.lr_factor, "Noam schedule factor").above(0);
+  t.add("label-smoothing", o.label_smoothing, "label smoothing").at_least(0).below(1);
+  t.add("dropout", o.dropout, "dropout").at_least(0).below(1);
+  t.take(trainer, "clip-norm");
+  t.take(trainer, "seed").recipe();
+  t.add("limit", o.limit, "use only the first N training pairs (0: all)").at_least(0).recipe();
+  t.add("eval-limit", o.eval_limit, "score only the first N val/test sentences (0: all)").at_least(0);
+  t.add("beam", o.beam, "beam size for the test set (1: greedy)").positive();
+  t.add("alpha", o.alpha, "length penalty for the test set").at_least(0);
+  t.take_all(trainer, {"save-every", "keep", "average"});
+  t.add_process_rows(o.threads, o.device);
+  t.take_all(trainer, {"on-nan", "time-limit", "resume", "overwrite", "reshard", "step-log", "no-progress"});
+  t.add("detect-anomaly", o.detect_anomaly, "name the first op whose forward or backward gives NaN/inf (slow)")
+      .this_run_only();
   return t;
+}
+
+std::string options_to_toml(const TranslationOptions& options) {
+  TranslationOptions o = options;
+  if (o.data_dir.empty()) o.data_dir = default_data_dir();
+  return options_table(o).to_toml();
 }
 
 namespace {
@@ -161,33 +165,25 @@ class TranslationData : public DataSource {
 
 }  // namespace
 
-TranslationResult train_translation(const TranslationOptions& o) {
-  // The Trainer's options first: they are checked before the data are read.
-  TrainerOptions to;
-  to.epochs = o.epochs, to.accumulate = o.accumulate, to.clip_norm = o.clip_norm, to.on_nan = o.on_nan;
-  to.progress = o.progress, to.step_log = o.step_log, to.seed = o.seed, to.reshard = o.reshard;
-  to.time_limit = o.time_limit;
-  to.out_dir = o.out_dir, to.resume = o.resume, to.save_every = o.save_every, to.stop_after = o.stop_after;
-  to.keep = o.keep, to.average = o.average, to.best_metric = "val_bleu";
-  check_options(to);
-  TP_CHECK(std::isfinite(o.lr_factor) && o.lr_factor > 0, "train: --lr-factor must be a positive number, got {}",
-           o.lr_factor);
-  TP_CHECK(std::isfinite(o.alpha) && o.alpha >= 0, "train: --alpha must be a number >= 0, got {}", o.alpha);
-  TP_CHECK(o.dropout >= 0 && o.dropout < 1, "train: --dropout must be in [0, 1), got {}", o.dropout);
-  TP_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 1, "train: --label-smoothing must be in [0, 1), got {}",
-           o.label_smoothing);
-  const std::string dir = o.data_dir.empty() ? default_data_dir() : o.data_dir;
+TranslationResult train_translation(const TranslationOptions& options) {
+  TranslationOptions o = options;
+  if (o.data_dir.empty()) o.data_dir = default_data_dir();
+  const OptionTable table = options_table(o);
+  table.check();  // before the data are read, as the flags would be
+  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
+  TrainerOptions to = o.trainer;
+  const std::string& dir = o.data_dir;
   ParallelCorpus train = load_parallel(dir, o.train_split, o.src_lang, o.tgt_lang);
   ParallelCorpus val = load_parallel(dir, o.val_split, o.src_lang, o.tgt_lang);
   ParallelCorpus test = load_parallel(dir, o.test_split, o.src_lang, o.tgt_lang);
-  RunFolder folder(o.out_dir, o.resume, o.overwrite, {"spm.model", "spm.recipe", "config.toml"});
-  const std::string config_toml = options_to_toml(o);
-  std::printf("config (saved as %s/config.toml):\n%s", o.out_dir.c_str(), config_toml.c_str());
-  manual_seed(o.seed);
+  RunFolder folder(to.out_dir, to.resume, to.overwrite, {"spm.model", "spm.recipe", "config.toml"});
+  const std::string config_toml = table.to_toml();
+  std::printf("config (saved as %s/config.toml):\n%s", to.out_dir.c_str(), config_toml.c_str());
+  manual_seed(to.seed);
   AnomalyGuard anomaly(o.detect_anomaly);
 
   // Joint subword model on both sides of the (possibly limited) training text.
-  const std::string spm_path = Subword::train_in_folder(o.out_dir, o.vocab_size, o.limit, o.seed, dir, [&] {
+  const std::string spm_path = Subword::train_in_folder(to.out_dir, o.vocab_size, o.limit, to.seed, dir, [&] {
     std::vector<std::string> text;
     size_t n = o.limit > 0 ? std::min<size_t>(train.src.size(), static_cast<size_t>(o.limit)) : train.src.size();
     text.insert(text.end(), train.src.begin(), train.src.begin() + n);
@@ -206,30 +202,25 @@ TranslationResult train_translation(const TranslationOptions& o) {
   cfg.dropout = o.dropout;
   cfg.pad_id = Subword::kPad;
   cfg.pre_norm = o.pre_norm;
-  Transformer model(cfg);
-  model.to(Device::parse(o.device));  // before the optimizer, whose state follows the parameters
-  optim::AdamOptions ao;
-  ao.beta1 = 0.9, ao.beta2 = 0.98, ao.eps = 1e-9;
-  optim::Adam adam(model.parameters(), ao);
-  optim::NoamSchedule schedule(cfg.d_model, o.warmup, o.lr_factor);
+  PaperTransformer paper(cfg, training_device(o.device), o.warmup, o.lr_factor);
+  Transformer& model = paper.model;
   std::printf("train: %s %s-%s, %zu training pairs, vocabulary %lld (joint SentencePiece), config %s (%lld "
               "parameters, %s-norm), batches of <= %lld tokens x %lld, %lld epochs, Noam warmup %lld x %.2f\n",
               dir.c_str(), o.src_lang.c_str(), o.tgt_lang.c_str(), tr.src.size(), (long long)V, o.config.c_str(),
               (long long)model.num_parameters(), o.pre_norm ? "pre" : "post", (long long)o.max_tokens,
-              (long long)o.accumulate, (long long)o.epochs, (long long)o.warmup,
+              (long long)to.accumulate, (long long)to.epochs, (long long)o.warmup,
               o.lr_factor);
   std::fflush(stdout);
   const auto run_start = std::chrono::steady_clock::now();
 
   // What resume must find unchanged: the model and everything that decides the batch plan.
-  to.recipe = {{"config", o.config},          {"pre_norm", o.pre_norm ? "1" : "0"},         {"vocab_size", std::to_string(V)},
-               {"max_tokens", std::to_string(o.max_tokens)}, {"accumulate", std::to_string(o.accumulate)},
-               {"seed", std::to_string(o.seed)},             {"limit", std::to_string(o.limit)}};
+  to.recipe = table.recipe();
+  to.recipe["vocab_size"] = std::to_string(V);
   to.recipe_defaults = {{"pre_norm", "0"}};  // checkpoints from before pre-norm existed hold post-norm models
   to.model_metadata = {{"config", o.config}, {"pre_norm", o.pre_norm ? "1" : "0"}};
   to.run_files = {{"config.toml", config_toml}};
   to.curves_title = fmt::format("{}-{} {} on {}", o.src_lang, o.tgt_lang, o.config, dir);
-  Trainer trainer(model, adam, &schedule, to);
+  Trainer trainer(model, paper.adam, &paper.schedule, to);
   const auto val_src = head(val.src, o.eval_limit), val_ref = head(val.tgt, o.eval_limit);
   trainer.evaluate = [&](int64_t, int64_t) {
     Metric loss{"val_loss", "val loss", evaluate_loss(model, val_batches, o.label_smoothing), 3, "", false};
@@ -237,7 +228,7 @@ TranslationResult train_translation(const TranslationOptions& o) {
                 " (greedy)", true};
     return Metrics{loss, bleu};
   };
-  TranslationData data(model, train_batches, o.seed, o.label_smoothing);
+  TranslationData data(model, train_batches, to.seed, o.label_smoothing);
   FitResult fit = trainer.fit(data);
 
   TranslationResult result;

@@ -16,44 +16,43 @@
 namespace tapestry::apps {
 
 struct TranslationOptions {
-  // `tapestry train --quick` changes these defaults (docs/training.md: "Multi30k").
-  static constexpr int64_t kQuickEpochs = 2, kQuickEvalLimit = 300;
+  // The Trainer's part: epochs, accumulate, clip-norm, out, resume, keep, average, seed, ...
+  TrainerOptions trainer = [] {
+    TrainerOptions t;
+    t.epochs = 12;
+    t.out_dir = "runs/multi30k";
+    t.seed = 1;
+    t.best_metric = "val_bleu";  // model.best.safetensors; keep 5 and average 5 are the Trainer's defaults
+    return t;
+  }();
   std::string data_dir;  // empty: default_data_dir()
-  std::string out_dir = "runs/multi30k";
   std::string src_lang = "de", tgt_lang = "en";
   std::string train_split = "train", val_split = "val", test_split = "test_2016_flickr";
   std::string config = "small";
   int64_t vocab_size = 8000;
   // The default recipe (docs/training.md: "Multi30k"): about 55 minutes on two cores.
   int64_t max_tokens = 2048;  // padded tokens per batch
-  int64_t epochs = 12;
   int64_t warmup = 400;
   double lr_factor = 0.5;     // peak learning rate 0.5 * 256^-0.5 * 400^-0.5 = 1.6e-3 for the small config
   double label_smoothing = 0.1;
   double dropout = 0.1;
-  uint64_t seed = 1;
   int64_t limit = 0;        // use only the first N training pairs (0: all)
   int64_t eval_limit = 0;   // score only the first N val/test sentences (0: all)
   int64_t beam = 4;
   double alpha = 0.6;
-  bool progress = true;
-  bool resume = false;       // continue from out_dir's checkpoint, exactly (Note [Exact resume])
-  bool reshard = false;      // resume a checkpoint of a different process count (TrainerOptions::reshard)
-  double time_limit = 0;     // seconds of training, then the epoch ends there (TrainerOptions::time_limit)
-  bool overwrite = false;    // start over in an out_dir that holds a run (its files are removed first)
-  std::string on_nan = "stop";  // a non-finite loss or gradient norm: "stop" (throw, nothing saved) or "skip" the step
   bool detect_anomaly = false;  // name the first op whose forward gives NaN or whose backward gives NaN/inf
-  int64_t save_every = 0;    // also checkpoint every N steps (0: at the end of each epoch only)
-  int64_t stop_after = 0;    // stop after N steps, right after a checkpoint (tests interruption)
-  int64_t keep = 5;          // keep the last K epoch checkpoints (model.epochE.safetensors)
-  int64_t average = 5;       // before the test, average the weights of the last N epoch checkpoints
-  int64_t accumulate = 1;    // one optimizer step per N batches (their gradients summed, tokens weighted)
-  double clip_norm = 0;      // clip the global gradient norm to this before each step (0: no clipping)
   bool pre_norm = false;     // pre-norm layers (x + Sublayer(LayerNorm(x))) instead of the paper's post-norm
   int64_t threads = 0;       // 0: all cores
   std::string device = "cpu";  // where the model trains: cpu, cuda or cuda:N (a -DTAPESTRY_CUDA=ON build)
-  std::string step_log;      // a TSV line per optimizer step (Trainer: step, epoch, loss, tokens, lr, grad norm)
 };
+
+// `tapestry train --quick` (docs/training.md: "Multi30k"): the defaults of a run that shows
+// learning in minutes. Flags and a config file still override them.
+TranslationOptions quick_translation_options();
+
+// The task's options, one row each (flag, help, values, role): the command line's flags, the
+// config.toml a run writes and the resume recipe.
+OptionTable options_table(TranslationOptions& options);
 
 // The options as TOML, one `key = value` per line with the command line's flag names as keys, so
 // that the file (saved as config.toml beside the checkpoints) reads back with

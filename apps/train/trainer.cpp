@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "apps/train/progress.h"
 #include "apps/train/run_dir.h"
 #include "tapestry/nn/safetensors.h"
+#include "tapestry/ops/cuda.h"
 #include "tapestry/ops/factory.h"
 #include "tapestry/ops/file.h"
 
@@ -43,16 +45,40 @@ double metric(const Metrics& metrics, const std::string& key) {
   throw Error(fmt::format("train: the evaluation reports no metric '{}'", key));
 }
 
-void check_options(const TrainerOptions& o_) {
-  TP_CHECK(o_.accumulate >= 1, "train: --accumulate must be at least 1, got {}", o_.accumulate);
-  TP_CHECK(std::isfinite(o_.clip_norm) && o_.clip_norm >= 0, "train: --clip-norm must be >= 0 (0: no clipping), got {}",
-           o_.clip_norm);
-  TP_CHECK(o_.on_nan == "stop" || o_.on_nan == "skip", "train: --on-nan must be stop or skip, got '{}'", o_.on_nan);
-  TP_CHECK(o_.epochs >= 1, "train: --epochs must be at least 1, got {}", o_.epochs);
-  TP_CHECK(o_.eval_every >= 0 && o_.save_every >= 0 && o_.keep >= 1 && o_.average >= 0,
-           "train: eval_every, save_every and average must be >= 0 and keep >= 1");
-  TP_CHECK(std::isfinite(o_.time_limit) && o_.time_limit >= 0, "train: --time-limit must be >= 0 seconds (0: none), "
-           "got {}", o_.time_limit);
+OptionTable trainer_options(TrainerOptions& o) {
+  OptionTable t("trainer");
+  t.add("epochs", o.epochs, "epochs").positive();
+  t.add("accumulate", o.accumulate, "batches per optimizer step (their gradients summed, weighted by tokens)").positive();
+  t.add("clip-norm", o.clip_norm, "clip the global gradient norm to this before each step (0: none)").at_least(0);
+  t.add("on-nan", o.on_nan, "a non-finite loss or gradient norm: stop (nothing saved) or skip the step")
+      .one_of({"stop", "skip"});
+  t.add("eval-every", o.eval_every, "also evaluate every N steps (0: after each epoch only)").at_least(0);
+  t.add("no-progress", o.progress, "no progress line on stderr").this_run_only().clears = true;
+  t.add("step-log", o.step_log, "append a TSV line per optimizer step: step, epoch, loss, tokens, lr, gradient norm")
+      .this_run_only();
+  t.add("out", o.out_dir, "the run folder: tokenizer, config.toml, checkpoints, curves");
+  t.add("resume", o.resume, "continue exactly from the checkpoint in --out").this_run_only();
+  t.add("overwrite", o.overwrite, "start over in an --out that holds a run (deletes its checkpoints)").this_run_only();
+  t.add("reshard", o.reshard, "with --resume under mpirun: accept a checkpoint written by a different number of "
+        "processes (same global batches; dropout masks differ, so not bit-exact)").this_run_only();
+  t.add("save-every", o.save_every, "also checkpoint every N steps (0: after each epoch only)").at_least(0);
+  t.add("time-limit", o.time_limit, "end training after this many seconds (0: none); the epoch then ends there, "
+        "evaluated and saved").at_least(0).this_run_only();
+  t.add("keep", o.keep, "keep the last K epoch checkpoints").positive();
+  t.add("average", o.average, "average the last N epoch checkpoints into the model at the end (0, 1: none)").at_least(0);
+  t.add("seed", o.seed, "random seed (initialization, batch order, dropout)");
+  return t;
+}
+
+Device training_device(const std::string& name) {
+  if (name == "cuda" && dist::world_size() > 1)
+    return Device::parse(fmt::format("cuda:{}", dist::local_rank() % std::max(1, cuda::device_count())));
+  return Device::parse(name);
+}
+
+void check_options(const TrainerOptions& options) {
+  TrainerOptions copy = options;  // the table binds to fields it could set; checking sets none
+  trainer_options(copy).check();
 }
 
 Trainer::Trainer(nn::Module& model, optim::Optimizer& optimizer, const optim::Schedule* schedule,

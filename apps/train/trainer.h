@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/train/option_table.h"
 #include "tapestry/dist/dist.h"
 #include "tapestry/nn/module.h"
 #include "tapestry/optim/optimizer.h"
@@ -84,6 +85,7 @@ struct TrainerOptions {
   // The run folder (empty: nothing is written, as for the copy task and bench) and what goes in it.
   std::string out_dir;
   bool resume = false;          // continue from out_dir's checkpoint, exactly (Note [Exact resume])
+  bool overwrite = false;       // the task's RunFolder: start over in an out_dir that holds a run
   int64_t save_every = 0;       // also checkpoint every N steps (0: at the end of each epoch only)
   int64_t stop_after = 0;       // stop after N steps, right after a checkpoint (tests interruption)
   double time_limit = 0;        // seconds: end training after the step that reaches it (0: none); the
@@ -191,9 +193,16 @@ class Trainer {
 // paper averages its last checkpoints. Throws naming the file whose tensors do not match.
 std::map<std::string, Tensor> average_checkpoints(const std::vector<std::string>& paths);
 
-// Throws naming the first bad option (what the Trainer's constructor checks); tasks call it
-// before their slow set-up so that a bad flag fails at once.
+// The Trainer's options as table rows (flags, help, accepted values); a task's table takes the
+// ones it offers (OptionTable::take) and marks its recipe among them.
+OptionTable trainer_options(TrainerOptions& options);
+
+// Throws naming the first bad option (what the Trainer's constructor checks), as its flag would.
 void check_options(const TrainerOptions& options);
+
+// The device a task trains on, from its --device: under N ranks, plain "cuda" takes a GPU of this
+// host, the local rank modulo their number (torchrun's LOCAL_RANK convention).
+Device training_device(const std::string& name);
 
 // "1:02:03" or "2:03".
 std::string clock_text(double seconds);

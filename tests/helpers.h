@@ -1,4 +1,4 @@
-// Small helpers shared by the test files.
+// Small helpers shared by the test files (with tests/layouts.h, which needs no doctest).
 #pragma once
 #include <doctest/doctest.h>
 
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tapestry/tapestry.h"
+#include "tests/layouts.h"
 
 namespace tapestry::testing {
 

@@ -6,6 +6,7 @@
 // (tools/reference/opinfo_ref.py) checks every flag against PyTorch itself, so a wrong flag
 // shows up there as a mismatch.
 #include "tests/opinfo.h"
+#include "tests/layouts.h"
 
 #include <algorithm>
 #include <cmath>
@@ -49,36 +50,9 @@ Tensor ints(Generator& g, int64_t lo, int64_t hi, const Shape& s) { return randi
 // A random bool mask.
 Tensor mask(Generator& g, const Shape& s) { return gt(randn(s, kFloat64, &g), 0.0); }
 
-Tensor strided(const Tensor& v);
-
-// The same values with the dims stored in reverse order (a permuted view, non-contiguous).
-Tensor transposed(const Tensor& v) {
-  if (v.dim() < 2) return strided(v);
-  Shape rev(v.sizes().rbegin(), v.sizes().rend());
-  std::vector<int64_t> perm;
-  for (int64_t d = v.dim() - 1; d >= 0; --d) perm.push_back(d);
-  Tensor x = empty(rev, v.dtype()).permute(perm);
-  x.copy_(v);
-  return x;
-}
-
-// The same values as every other element of a larger buffer along the last dim, at offset 1.
-Tensor strided(const Tensor& v) {
-  if (v.dim() == 0) {
-    Tensor x = empty({3}, v.dtype()).select(0, 1);
-    x.copy_(v);
-    return x;
-  }
-  Shape big = v.sizes();
-  const int64_t last = v.dim() - 1;
-  big[last] = 2 * v.size(last) + 1;
-  Tensor x = empty(big, v.dtype()).slice(last, 1, big[last], 2);
-  x.copy_(v);
-  return x;
-}
-
-// A stride-0 view: `small`'s size-1 dims (and new leading dims) expanded to `to`.
-Tensor expanded(const Tensor& small, const Shape& to) { return small.expand(to); }
+using testing::expanded;  // the layouts (tests/layouts.h)
+using testing::strided;
+using testing::transposed;
 
 // ---------------------------------------------------------------------------------------------
 // Samples
@@ -546,6 +520,8 @@ std::vector<OpInfo> build_table() {
         {binary_samples({Dom::Real, Dom::Real, true, false})});
   entry("mul", "a * b", one([](X x) { return mul(x[0], x[1]); }), {true, true},
         {binary_samples({Dom::Real, Dom::Real, true, false})});
+  // One tensor as both operands: its gradient accumulates from the two uses.
+  entry("mul_self", "a * a", one([](X x) { return x[0] * x[0]; }), {true}, {unary_samples(Dom::Real, false)});
   entry("div", "torch.div(a, b)", one([](X x) { return div(x[0], x[1]); }), {true, true},
         {binary_samples({Dom::Real, Dom::Pos, false, false})});
   entry("div_operator", "a / b", one([](X x) { return x[0] / x[1]; }), {true, true},

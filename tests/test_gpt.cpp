@@ -64,7 +64,6 @@ std::set<const TensorImpl*> identities(const std::vector<Tensor>& ts) {
   return out;
 }
 
-std::string temp_path(const std::string& name) { return fmt::format("/tmp/tapestry_test_{}_{}", ::getpid(), name); }
 
 // The model's weights in Hugging Face's GPT2LMHeadModel layout: Conv1D weights [in, out], the
 // query, key and value projections side by side in c_attn, the old causal-mask buffer attn.bias

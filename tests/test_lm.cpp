@@ -24,12 +24,6 @@ using Ids = std::vector<int64_t>;
 
 namespace {
 
-std::string temp_dir(const std::string& name) {
-  std::string dir = fmt::format("/tmp/tapestry_test_{}_{}", ::getpid(), name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -76,16 +70,6 @@ apps::LMOptions tiny_lm(const std::string& data, const std::string& out_dir) {
   o.trainer.progress = false;
   return o;
 }
-
-// A Trainer data source of 5 batches per epoch fitting y = 1 with a Linear on x = 1.
-struct OnesData : apps::DataSource {
-  explicit OnesData(nn::Linear& m) : model(m) {}
-  int64_t plan(int64_t) override { return 5; }
-  apps::TrainBatch batch(int64_t) override {
-    return {4, [this] { return (model.forward(ones({4, 1})) - 1.0).pow(2.0).mean(); }};
-  }
-  nn::Linear& model;
-};
 
 }  // namespace
 
@@ -175,7 +159,7 @@ TEST_CASE("stream_loss: every token after the first predicted once, in windows o
 }
 
 TEST_CASE("train_language_model: metrics, the run folder, loading and sampling; resumed to the bit; time_limit") {
-  const std::string dir = temp_dir("lm");
+  const std::string dir = fresh_temp_dir("lm");
   const std::string data = write_corpus(dir);
   const std::vector<std::string> lines = corpus_lines();
 
@@ -283,54 +267,8 @@ TEST_CASE("train_language_model: metrics, the run folder, loading and sampling; 
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("Trainer: time_limit ends training after the step that reaches it") {
-  manual_seed(22);
-  nn::Linear model(1, 1);
-  OnesData data(model);
-  optim::SGDOptions so;
-  so.lr = 0.01;
-  optim::SGD sgd(model.parameters(), so);
-  apps::TrainerOptions o;
-  o.epochs = 3, o.progress = false, o.time_limit = 1e-9;
-  int evaluations = 0;
-  auto evaluate = [&](int64_t, int64_t step) {
-    ++evaluations;
-    return apps::Metrics{{"step", "step", static_cast<double>(step), 0, "", false}};
-  };
-  apps::Trainer limited(model, sgd, nullptr, o);
-  limited.evaluate = evaluate;
-  apps::FitResult r = limited.fit(data);
-  CHECK(r.out_of_time);
-  CHECK(r.steps == 1);
-  CHECK_FALSE(r.stopped);
-  CHECK_FALSE(r.finished_early);
-  REQUIRE(r.epochs.size() == 1);  // the epoch ends there, evaluated
-  CHECK(r.epochs[0].steps == 1);
-  CHECK(evaluations == 1);
-  CHECK(apps::metric(r.last_metrics, "step") == 1.0);
-
-  o.time_limit = 1e6;  // never reached
-  evaluations = 0;
-  apps::Trainer roomy(model, sgd, nullptr, o);
-  roomy.evaluate = evaluate;
-  apps::FitResult full = roomy.fit(data);
-  CHECK_FALSE(full.out_of_time);
-  CHECK(full.steps == 15);
-  CHECK(full.epochs.size() == 3);
-  CHECK(evaluations == 3);
-  o.time_limit = 0;  // none
-  apps::Trainer unlimited(model, sgd, nullptr, o);
-  CHECK(unlimited.fit(data).steps == 15);
-
-  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
-    INFO(bad);
-    o.time_limit = bad;
-    CHECK(error_of([&] { apps::Trainer t(model, sgd, nullptr, o); }).find("--time-limit") != std::string::npos);
-  }
-}
-
 TEST_CASE("train_language_model: errors name the option or the file") {
-  const std::string dir = temp_dir("lm_errors");
+  const std::string dir = fresh_temp_dir("lm_errors");
   const std::string data = write_corpus(dir);
   auto error_with = [&](auto change) {
     apps::LMOptions o = tiny_lm(data, dir + "/run");

@@ -27,7 +27,6 @@ struct Block : nn::Module {
   Tensor scale;
 };
 
-std::string temp_path(const std::string& name) { return fmt::format("/tmp/tapestry_test_{}_{}", ::getpid(), name); }
 }  // namespace
 
 TEST_CASE("Module names parameters with dots, in registration order") {

@@ -46,11 +46,17 @@ struct ToyData : apps::DataSource {
   int64_t poison = -1;
 };
 
-std::string temp_dir(const char* name) {
-  std::string dir = fmt::format("/tmp/tapestry_test_{}_{}", ::getpid(), name);
-  std::filesystem::remove_all(dir);
-  return dir;
-}
+
+// A Trainer data source of 5 batches per epoch fitting y = 1 with a Linear on x = 1.
+struct OnesData : apps::DataSource {
+  explicit OnesData(nn::Linear& m) : model(m) {}
+  int64_t plan(int64_t) override { return 5; }
+  apps::TrainBatch batch(int64_t) override {
+    return {4, [this] { return (model.forward(ones({4, 1})) - 1.0).pow(2.0).mean(); }};
+  }
+  nn::Linear& model;
+};
+
 
 int64_t lines(const std::string& path) {
   std::ifstream in(path);
@@ -91,7 +97,7 @@ TEST_CASE("Trainer::fit: epochs, the evaluation hook, the step log, keep, best, 
   optim::Adam adam(model.parameters(), ao);
   apps::TrainerOptions o;
   o.epochs = 4, o.accumulate = 2, o.progress = false, o.keep = 2, o.average = 2;
-  o.out_dir = temp_dir("fit");
+  o.out_dir = fresh_temp_dir("fit");
   o.step_log = o.out_dir + ".steps.tsv";
   o.best_metric = "neg_loss";
   o.recipe = {{"toy", "1"}};
@@ -147,7 +153,7 @@ TEST_CASE("Trainer::fit: interrupted and resumed, the run ends where an uninterr
     apps::FitResult r = trainer.fit(data);
     return std::make_pair(r, values(model.weight.detach()));
   };
-  const std::string straight_dir = temp_dir("straight"), dir = temp_dir("resumed");
+  const std::string straight_dir = fresh_temp_dir("straight"), dir = fresh_temp_dir("resumed");
   auto [straight, w_straight] = run(0, false, straight_dir);
   auto [first, w_first] = run(9, false, dir);  // mid-epoch 2 (6 steps per epoch)
   CHECK(first.stopped);
@@ -242,4 +248,50 @@ TEST_CASE("TrainerOptions are checked") {
   apps::Trainer t(model, sgd, nullptr, o);
   ToyData data(model);
   CHECK(error_of([&] { t.fit(data); }).find("need a run folder") != std::string::npos);
+}
+
+TEST_CASE("Trainer: time_limit ends training after the step that reaches it") {
+  manual_seed(22);
+  nn::Linear model(1, 1);
+  OnesData data(model);
+  optim::SGDOptions so;
+  so.lr = 0.01;
+  optim::SGD sgd(model.parameters(), so);
+  apps::TrainerOptions o;
+  o.epochs = 3, o.progress = false, o.time_limit = 1e-9;
+  int evaluations = 0;
+  auto evaluate = [&](int64_t, int64_t step) {
+    ++evaluations;
+    return apps::Metrics{{"step", "step", static_cast<double>(step), 0, "", false}};
+  };
+  apps::Trainer limited(model, sgd, nullptr, o);
+  limited.evaluate = evaluate;
+  apps::FitResult r = limited.fit(data);
+  CHECK(r.out_of_time);
+  CHECK(r.steps == 1);
+  CHECK_FALSE(r.stopped);
+  CHECK_FALSE(r.finished_early);
+  REQUIRE(r.epochs.size() == 1);  // the epoch ends there, evaluated
+  CHECK(r.epochs[0].steps == 1);
+  CHECK(evaluations == 1);
+  CHECK(apps::metric(r.last_metrics, "step") == 1.0);
+
+  o.time_limit = 1e6;  // never reached
+  evaluations = 0;
+  apps::Trainer roomy(model, sgd, nullptr, o);
+  roomy.evaluate = evaluate;
+  apps::FitResult full = roomy.fit(data);
+  CHECK_FALSE(full.out_of_time);
+  CHECK(full.steps == 15);
+  CHECK(full.epochs.size() == 3);
+  CHECK(evaluations == 3);
+  o.time_limit = 0;  // none
+  apps::Trainer unlimited(model, sgd, nullptr, o);
+  CHECK(unlimited.fit(data).steps == 15);
+
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    INFO(bad);
+    o.time_limit = bad;
+    CHECK(error_of([&] { apps::Trainer t(model, sgd, nullptr, o); }).find("--time-limit") != std::string::npos);
+  }
 }

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <regex>
 #include <utility>
 
 namespace tapestry::opinfo {
@@ -455,31 +456,33 @@ Tensor input_or_none(const TensorList& x, size_t i) { return i < x.size() ? x[i]
 
 std::vector<OpInfo> build_table() {
   std::vector<OpInfo> t;
-  auto entry = [&t](std::string name, std::string expr, OpFn fn, std::vector<bool> diff, std::vector<SampleFn> samples) {
+  auto entry = [&t](std::string name, std::string expr, OpFn fn, std::vector<bool> diff,
+                    std::vector<SampleFn> samples) -> OpInfo& {
     t.push_back(OpInfo{std::move(name), std::move(expr), std::move(fn), std::move(diff), std::move(samples)});
+    return t.back();
   };
   using X = const TensorList&;
 
   // ---- unary math
-  entry("exp", "torch.exp(a)", one([](X x) { return exp(x[0]); }), {true}, {unary_samples(Dom::Real, false)});
-  entry("log", "torch.log(a)", one([](X x) { return log(x[0]); }), {true}, {unary_samples(Dom::Pos, false)});
-  entry("sqrt", "torch.sqrt(a)", one([](X x) { return sqrt(x[0]); }), {true}, {unary_samples(Dom::Pos, false)});
-  entry("rsqrt", "torch.rsqrt(a)", one([](X x) { return rsqrt(x[0]); }), {true}, {unary_samples(Dom::Pos, false)});
-  entry("tanh", "torch.tanh(a)", one([](X x) { return tanh(x[0]); }), {true}, {unary_samples(Dom::Real, false)});
+  entry("exp", "torch.exp(a)", one([](X x) { return exp(x[0]); }), {true}, {unary_samples(Dom::Real, false)}).link = Link::Grows;
+  entry("log", "torch.log(a)", one([](X x) { return log(x[0]); }), {true}, {unary_samples(Dom::Pos, false)}).link = Link::Positive;
+  entry("sqrt", "torch.sqrt(a)", one([](X x) { return sqrt(x[0]); }), {true}, {unary_samples(Dom::Pos, false)}).link = Link::Positive;
+  entry("rsqrt", "torch.rsqrt(a)", one([](X x) { return rsqrt(x[0]); }), {true}, {unary_samples(Dom::Pos, false)}).link = Link::Positive;
+  entry("tanh", "torch.tanh(a)", one([](X x) { return tanh(x[0]); }), {true}, {unary_samples(Dom::Real, false)}).link = Link::Smooth;
   entry("sigmoid", "torch.sigmoid(a)", one([](X x) { return sigmoid(x[0]); }), {true},
-        {unary_samples(Dom::Real, false)});
-  entry("gelu", "F.gelu(a)", one([](X x) { return gelu(x[0]); }), {true}, {unary_samples(Dom::Real, false)});
+        {unary_samples(Dom::Real, false)}).link = Link::Smooth;
+  entry("gelu", "F.gelu(a)", one([](X x) { return gelu(x[0]); }), {true}, {unary_samples(Dom::Real, false)}).link = Link::Smooth;
   entry("gelu_tanh", "F.gelu(a, approximate='tanh')", one([](X x) { return gelu(x[0], "tanh"); }), {true},
-        {unary_samples(Dom::Real, false)});
+        {unary_samples(Dom::Real, false)}).link = Link::Smooth;
   entry("relu", "torch.relu(a)", one([](X x) { return relu(x[0]); }), {true},
-        {unary_samples(Dom::Real, true, {0.0, -0.0, 0.0})});
+        {unary_samples(Dom::Real, true, {0.0, -0.0, 0.0})}).link = Link::Kinked;
   entry("abs", "torch.abs(a)", one([](X x) { return abs(x[0]); }), {true},
-        {unary_samples(Dom::Real, true, {0.0, -0.0})});
-  entry("neg", "torch.neg(a)", one([](X x) { return neg(x[0]); }), {true}, {unary_samples(Dom::Real, true)});
+        {unary_samples(Dom::Real, true, {0.0, -0.0})}).link = Link::Kinked;
+  entry("neg", "torch.neg(a)", one([](X x) { return neg(x[0]); }), {true}, {unary_samples(Dom::Real, true)}).link = Link::Smooth;
   entry("neg_operator", "-a", one([](X x) { return -x[0]; }), {true}, {unary_samples(Dom::Real, false)});
   entry("pow_2", "torch.pow(a, 2.0)", one([](X x) { return pow(x[0], 2.0); }), {true},
-        {unary_samples(Dom::Real, false)});
-  entry("pow_3", "a.pow(3.0)", one([](X x) { return x[0].pow(3.0); }), {true}, {unary_samples(Dom::Real, false)});
+        {unary_samples(Dom::Real, false)}).link = Link::Smooth;
+  entry("pow_3", "a.pow(3.0)", one([](X x) { return x[0].pow(3.0); }), {true}, {unary_samples(Dom::Real, false)}).link = Link::Grows;
   entry("pow_0.5", "torch.pow(a, 0.5)", one([](X x) { return pow(x[0], 0.5); }), {true},
         {unary_samples(Dom::Pos, false)});
   entry("pow_-1.5", "torch.pow(a, -1.5)", one([](X x) { return pow(x[0], -1.5); }), {true},
@@ -487,7 +490,7 @@ std::vector<OpInfo> build_table() {
   entry("pow_0", "torch.pow(a, 0.0)", one([](X x) { return pow(x[0], 0.0); }), {true},
         {unary_samples(Dom::Real, false)});
   entry("clamp", "torch.clamp(a, -0.5, 0.5)", one([](X x) { return clamp(x[0], -0.5, 0.5); }), {true},
-        {unary_samples(Dom::Real, false, {-0.5, 0.5, -0.5, 0.5})});
+        {unary_samples(Dom::Real, false, {-0.5, 0.5, -0.5, 0.5})}).link = Link::Kinked;
   entry("clamp_int_bounds", "torch.clamp(a, -1, 2)", one([](X x) { return clamp(x[0], -1.0, 2.0); }), {true},
         {unary_samples(Dom::Real, true, {-1.0, 2.0})});
   // Deliberate: tapestry refuses min > max; PyTorch returns max everywhere (allowlisted).
@@ -495,18 +498,18 @@ std::vector<OpInfo> build_table() {
         {[](Generator& g) { return std::vector<Sample>{err("[3, 4]", {draw(g, {3, 4})})}; }});
 
   // ---- arithmetic with a scalar
-  entry("add_scalar", "a + 2.5", one([](X x) { return x[0] + 2.5; }), {true}, {unary_samples(Dom::Real, false)});
+  entry("add_scalar", "a + 2.5", one([](X x) { return x[0] + 2.5; }), {true}, {unary_samples(Dom::Real, false)}).link = Link::Smooth;
   entry("add_scalar_fn", "torch.add(a, 2.5)", one([](X x) { return add(x[0], 2.5); }), {true},
         {unary_samples(Dom::Real, false)});
   entry("sub_scalar", "a - 1.5", one([](X x) { return sub(x[0], 1.5); }), {true}, {unary_samples(Dom::Real, false)});
   entry("mul_scalar", "a * -3.0", one([](X x) { return mul(x[0], -3.0); }), {true},
-        {unary_samples(Dom::Real, false)});
+        {unary_samples(Dom::Real, false)}).link = Link::Grows;
   entry("mul_scalar_int", "a * 3", one([](X x) { return x[0] * 3.0; }), {true}, {unary_samples(Dom::Real, true)});
-  entry("div_scalar", "a / 4.0", one([](X x) { return div(x[0], 4.0); }), {true}, {unary_samples(Dom::Real, false)});
+  entry("div_scalar", "a / 4.0", one([](X x) { return div(x[0], 4.0); }), {true}, {unary_samples(Dom::Real, false)}).link = Link::Smooth;
   entry("rsub_scalar", "2.0 - a", one([](X x) { return rsub(x[0], 2.0); }), {true},
-        {unary_samples(Dom::Real, false)});
+        {unary_samples(Dom::Real, false)}).link = Link::Smooth;
   entry("rsub_operator", "2.0 - a", one([](X x) { return 2.0 - x[0]; }), {true}, {unary_samples(Dom::Real, false)});
-  entry("rdiv_scalar", "2.0 / a", one([](X x) { return rdiv(x[0], 2.0); }), {true}, {unary_samples(Dom::Pos, false)});
+  entry("rdiv_scalar", "2.0 / a", one([](X x) { return rdiv(x[0], 2.0); }), {true}, {unary_samples(Dom::Pos, false)}).link = Link::Positive;
   entry("rdiv_operator", "2.0 / a", one([](X x) { return 2.0 / x[0]; }), {true}, {unary_samples(Dom::Pos, false)});
   entry("radd_operator", "1.5 + a", one([](X x) { return 1.5 + x[0]; }), {true}, {unary_samples(Dom::Real, false)});
   entry("rmul_operator", "0.5 * a", one([](X x) { return 0.5 * x[0]; }), {true}, {unary_samples(Dom::Real, false)});
@@ -1354,47 +1357,24 @@ Program random_program(std::mt19937_64& rng) {
     Shape next = shape;
     for (int tries = 0; tries < 50 && !step; ++tries) {
       const int64_t kind = uni(0, 99);
-      if (kind < 35) {  // ---- unary
-        struct U {
-          const char* name;
-          const char* tmpl;
-          Tensor (*f)(const Tensor&);
-          bool smooth;
-          bool grows = false;
+      if (kind < 35) {  // ---- a one-input op of the table (its Link says how)
+        static const std::vector<const OpInfo*> links = [] {
+          std::vector<const OpInfo*> v;
+          for (const OpInfo& op : op_table())
+            if (op.link != Link::None) v.push_back(&op);
+          return v;
+        }();
+        const OpInfo& op = *links[static_cast<size_t>(uni(0, static_cast<int64_t>(links.size()) - 1))];
+        if (op.link == Link::Grows && grown) continue;
+        grown = grown || op.link == Link::Grows;
+        const bool positive = op.link == Link::Positive;  // fed x^2 + 0.5
+        name = op.name;
+        // Its expression with the chain so far for `a`, parenthesised whole ("2.0 - a" inside "@ * b").
+        tmpl = "(" + std::regex_replace(op.expr, std::regex("\\ba\\b"), positive ? "(torch.pow(@, 2.0) + 0.5)" : "(@)") + ")";
+        step = [fn = op.fn, positive](const Tensor& x, const TensorList&) {
+          return fn({positive ? add(pow(x, 2.0), 0.5) : x})[0];
         };
-        static const U us[] = {
-            {"exp", "torch.exp(@)", [](const Tensor& x) { return exp(x); }, true, true},
-            {"tanh", "torch.tanh(@)", [](const Tensor& x) { return tanh(x); }, true, false},
-            {"sigmoid", "torch.sigmoid(@)", [](const Tensor& x) { return sigmoid(x); }, true, false},
-            {"gelu", "F.gelu(@)", [](const Tensor& x) { return gelu(x); }, true, false},
-            {"gelu_tanh", "F.gelu(@, approximate='tanh')", [](const Tensor& x) { return gelu(x, "tanh"); }, true, false},
-            {"neg", "torch.neg(@)", [](const Tensor& x) { return neg(x); }, true, false},
-            {"relu", "torch.relu(@)", [](const Tensor& x) { return relu(x); }, false, false},
-            {"abs", "torch.abs(@)", [](const Tensor& x) { return abs(x); }, false, false},
-            {"clamp", "torch.clamp(@, -0.5, 0.5)", [](const Tensor& x) { return clamp(x, -0.5, 0.5); }, false, false},
-            {"square", "torch.pow(@, 2.0)", [](const Tensor& x) { return pow(x, 2.0); }, true, false},
-            {"cube", "torch.pow(@, 3.0)", [](const Tensor& x) { return pow(x, 3.0); }, true, true},
-            {"log", "torch.log(torch.pow(@, 2.0) + 0.5)", [](const Tensor& x) { return log(add(pow(x, 2.0), 0.5)); },
-             true, false},
-            {"sqrt", "torch.sqrt(torch.pow(@, 2.0) + 0.5)",
-             [](const Tensor& x) { return sqrt(add(pow(x, 2.0), 0.5)); }, true, false},
-            {"rsqrt", "torch.rsqrt(torch.pow(@, 2.0) + 0.5)",
-             [](const Tensor& x) { return rsqrt(add(pow(x, 2.0), 0.5)); }, true, false},
-            {"rdiv", "(1.0 / (torch.pow(@, 2.0) + 0.5))",
-             [](const Tensor& x) { return rdiv(add(pow(x, 2.0), 0.5), 1.0); }, true, false},
-            {"scale", "(@ * 1.5)", [](const Tensor& x) { return mul(x, 1.5); }, true, false},
-            {"shift", "(@ + 0.25)", [](const Tensor& x) { return add(x, 0.25); }, true, false},
-            {"rsub", "(2.0 - @)", [](const Tensor& x) { return rsub(x, 2.0); }, true, false},
-            {"div", "(@ / 3.0)", [](const Tensor& x) { return div(x, 3.0); }, true, false},
-        };
-        const U& u = us[uni(0, static_cast<int64_t>(sizeof(us) / sizeof(us[0])) - 1)];
-        if (u.grows && grown) continue;
-        grown = grown || u.grows;
-        name = u.name;
-        tmpl = u.tmpl;
-        auto f = u.f;
-        step = [f](const Tensor& x, const TensorList&) { return f(x); };
-        p.smooth = p.smooth && u.smooth;
+        p.smooth = p.smooth && op.link != Link::Kinked;
       } else if (kind < 42) {  // ---- softmax / log_softmax
         if (rank == 0) continue;
         const int64_t d = uni(-rank, rank - 1);

@@ -37,12 +37,18 @@ struct Sample {
 using OpFn = std::function<TensorList(const TensorList&)>;
 using SampleFn = std::function<std::vector<Sample>(Generator&)>;
 
+// How random_program may use a one-input op as a link of its chains: not at all, on any real
+// input (smooth, or with kinks where gradcheck may not hold), on a positive one (it is fed
+// x^2 + 0.5), or at most once per chain (it grows values: chains of them overflow to inf).
+enum class Link { None, Smooth, Kinked, Positive, Grows };
+
 struct OpInfo {
   std::string name;                   // unique, e.g. "sum_dim0"; the key of the reference's allowlist
   std::string expr;                   // PyTorch: a Python expression over a, b, c, ... and L
   OpFn fn;                            // tapestry: every output (a list for split, values+indices for max)
   std::vector<bool> differentiable;   // per input position; positions past the end are not
   std::vector<SampleFn> samples;
+  Link link = Link::None;             // random_program's use of it
 
   bool is_differentiable(size_t i) const { return i < differentiable.size() && differentiable[i]; }
 };
@@ -78,7 +84,7 @@ struct RunResult {
 };
 RunResult run_case(const OpFn& fn, const TensorList& inputs, const std::vector<bool>& differentiable, uint64_t seed);
 
-// A random chain of 2-5 ops (unary math, binary ops against new leaves with broadcasting, views,
+// A random chain of 2-5 ops (the table's one-input ops, as their Link allows; binary ops against new leaves with broadcasting, views,
 // reductions, matmul) on small random shapes. Every input is a float64 leaf and differentiable.
 struct Program {
   std::string expr;     // the whole chain as one Python expression

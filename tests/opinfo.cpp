@@ -454,15 +454,23 @@ OpFn values_indices(std::function<ValuesIndices(const TensorList&)> f) {
 // optional input, such as attention's mask).
 Tensor input_or_none(const TensorList& x, size_t i) { return i < x.size() ? x[i] : Tensor(); }
 
-std::vector<OpInfo> build_table() {
-  std::vector<OpInfo> t;
-  auto entry = [&t](std::string name, std::string expr, OpFn fn, std::vector<bool> diff,
-                    std::vector<SampleFn> samples) -> OpInfo& {
+// Adds a row to the table being built (`entry(...).link = ...` sets more than the five fields).
+struct Entry {
+  std::vector<OpInfo>& t;
+  OpInfo& operator()(std::string name, std::string expr, OpFn fn, std::vector<bool> diff,
+                     std::vector<SampleFn> samples) const {
     t.push_back(OpInfo{std::move(name), std::move(expr), std::move(fn), std::move(diff), std::move(samples)});
     return t.back();
-  };
-  using X = const TensorList&;
+  }
+};
+using X = const TensorList&;
 
+// Samples of fewer than n dims are errors (transpose and the triangles need 2).
+Pred rank_lt(int64_t n) { return Pred([n](const Tensor& x) { return x.dim() < n; }); }
+
+// The rows of the elementwise ops: unary math, arithmetic with a scalar and with broadcasting, comparisons, where and masked_fill.
+void add_elementwise_rows(std::vector<OpInfo>& t) {
+  const Entry entry{t};
   // ---- unary math
   entry("exp", "torch.exp(a)", one([](X x) { return exp(x[0]); }), {true}, {unary_samples(Dom::Real, false)}).link = Link::Grows;
   entry("log", "torch.log(a)", one([](X x) { return log(x[0]); }), {true}, {unary_samples(Dom::Pos, false)}).link = Link::Positive;
@@ -628,7 +636,11 @@ std::vector<OpInfo> build_table() {
         {true, false}, {[](Generator& g) {
           return std::vector<Sample>{err("[3, 1] and mask [3, 4]", {draw(g, {3, 1}), mask(g, {3, 4})})};
         }});
+}
 
+// The rows of reductions, softmax and log_softmax, layer_norm.
+void add_reduction_rows(std::vector<OpInfo>& t) {
+  const Entry entry{t};
   // ---- reductions
   entry("sum_all", "torch.sum(a)", one([](X x) { return sum(x[0]); }), {true}, {reduce_samples({{}, false, false, false, true, false})});
   entry("sum_method_all", "a.sum()", one([](X x) { return x[0].sum(); }), {true}, {reduce_samples({{}, false, false, false, true, false})});
@@ -744,7 +756,11 @@ std::vector<OpInfo> build_table() {
           return std::vector<Sample>{ok("[3, 5]", {draw(g, {3, 5}), draw(g, {5}), draw(g, {5})}),
                                      ok("constant rows", {f64(std::vector<double>(10, -1.0), {2, 5}), draw(g, {5}), draw(g, {5})})};
         }});
+}
 
+// The rows of matmul and linear.
+void add_linear_algebra_rows(std::vector<OpInfo>& t) {
+  const Entry entry{t};
   // ---- matmul and linear
   entry("matmul", "torch.matmul(a, b)", one([](X x) { return matmul(x[0], x[1]); }), {true, true},
         {[](Generator& g) {
@@ -799,9 +815,12 @@ std::vector<OpInfo> build_table() {
                                      ok("empty output features: weight [0, 4]", {draw(g, {3, 4}), draw(g, {0, 4})}),
                                      err("input [3, 4], weight [5, 3]", {draw(g, {3, 4}), draw(g, {5, 3})})};
         }});
+}
 
+// The rows of views and copies, indexing, joining and splitting.
+void add_shape_rows(std::vector<OpInfo>& t) {
+  const Entry entry{t};
   // ---- views and copies
-  auto rank_lt = [](int64_t n) { return Pred([n](const Tensor& x) { return x.dim() < n; }); };
   auto never = Pred([](const Tensor&) { return false; });
   entry("view_flat", "a.view(-1)", one([](X x) { return view(x[0], {-1}); }), {true},
         {shape_samples([](const Tensor& x) { return !flat_viewable(x); })});
@@ -1019,7 +1038,11 @@ std::vector<OpInfo> build_table() {
         {split_samples(1, 2)});
   entry("chunk_4_dim-1", "a.chunk(4, -1)", [](X x) { return chunk(x[0], 4, -1); }, {true}, {split_samples(-1, 4)});
   entry("chunk_0", "torch.chunk(a, 0)", [](X x) { return chunk(x[0], 0); }, {true}, {split_samples(0, -1)});
+}
 
+// The rows of scaled_dot_product_attention and cross_entropy.
+void add_nn_rows(std::vector<OpInfo>& t) {
+  const Entry entry{t};
   // ---- scaled_dot_product_attention (inputs q, k, v and, where named, the mask d: true = attend,
   // as PyTorch's; sdpa_masked_out reads the same samples with the opposite meaning). The
   // reference is the composite tapestry defines it as (sdpa_ref in the reference script):
@@ -1150,7 +1173,11 @@ std::vector<OpInfo> build_table() {
   entry("cross_entropy_empty_batch", "F.cross_entropy(a, b)", one([](X x) { return cross_entropy(x[0], x[1]); }),
         {true, false},
         {[](Generator& g) { return std::vector<Sample>{ok("[0, 5]", {draw(g, {0, 5}), i64({}, {0})})}; }});
+}
 
+// The rows of sorting, scans and triangles.
+void add_sorting_rows(std::vector<OpInfo>& t) {
+  const Entry entry{t};
   // ---- sorting, scans and triangles. PyTorch's own sort is unstable unless asked (stable=True);
   // tapestry's always is. topk with sorted=False: PyTorch's order is its own, tapestry's is the
   // input order, so the expression puts PyTorch's selection in index order.
@@ -1207,7 +1234,17 @@ std::vector<OpInfo> build_table() {
         values_indices([](X x) { return topk(x[0], 2, -1, false, false); }), {true}, {topk_samples(2, -1)});
   entry("topk_negative_k", "torch.topk(a, -1)", values_indices([](X x) { return topk(x[0], -1); }), {true},
         {topk_samples(-1, -1)});
+}
 
+// The table, family by family.
+std::vector<OpInfo> build_table() {
+  std::vector<OpInfo> t;
+  add_elementwise_rows(t);
+  add_reduction_rows(t);
+  add_linear_algebra_rows(t);
+  add_shape_rows(t);
+  add_nn_rows(t);
+  add_sorting_rows(t);
   return t;
 }
 

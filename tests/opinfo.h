@@ -14,7 +14,7 @@
 //                          gradients and input gradients to one safetensors file, which
 //                          tools/reference/opinfo_ref.py replays in PyTorch (tests/opinfo.sh).
 //
-// To add an op: add an entry in op_table() (tests/opinfo.cpp) with its expression, its function,
+// To add an op: add an entry to its family's add_*_rows function (tests/opinfo.cpp) with its expression, its function,
 // its differentiable inputs and sample generators; mark the samples on which PyTorch raises.
 #pragma once
 #include <cstdint>

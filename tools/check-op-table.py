@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The op table covers every op: each function declared in autograd/functions.h is called by a row
-of the OpInfo table (tests/opinfo.cpp, build_table), and each elementwise kernel kind (Unary and
+of the OpInfo table (tests/opinfo.cpp, its add_*_rows families), and each elementwise kernel kind (Unary and
 Binary in ops/detail/kernels.h) is reached by a row. The table's rows give the forward values
 against PyTorch, the gradcheck, error parity and the device runs, so an op without a row is an
 untested op. A few ops cannot be rows (random draws); they are listed below with the tests that
@@ -38,7 +38,7 @@ def main():
     header = re.sub(r"//.*", "", read("autograd/functions.h"))
     functions = sorted(set(re.findall(r"^\s*(?:Tensor|TensorList|ValuesIndices)\s+(\w+)\s*\(", header, re.M)))
     table_src = read("tests/opinfo.cpp")
-    table = table_src[table_src.index("std::vector<OpInfo> build_table() {"):]
+    table = table_src[table_src.index("struct Entry {"):]  # the add_*_rows families and build_table
     rows = set(re.findall(r'entry\("([^"]+)"', table))
     kinds_src = read("ops/detail/kernels.h")
     kinds = []

@@ -37,6 +37,11 @@ TEST_CASE("option rows: values are parsed whole and checked, errors name the fla
   t.row("seed").set("18446744073709551615");
   CHECK(seed == UINT64_MAX);
   CHECK(error_of([&] { t.row("seed").set("-1"); }).find("--seed: must be an integer, got '-1'") != std::string::npos);
+  for (const char* bad : {" -1", " 5", "+5", "1e3"}) {  // std::stoull alone skips spaces and wraps " -1" around
+    INFO(bad);
+    CHECK(error_of([&] { t.row("seed").set(bad); }).find("--seed: must be an integer") != std::string::npos);
+  }
+  CHECK(seed == UINT64_MAX);
   t.row("rate").set("0");
   CHECK(rate == 0);
   for (const char* bad : {"1", "nan", "inf", "-0.1", "0.5x"}) {
@@ -54,6 +59,9 @@ TEST_CASE("option rows: values are parsed whole and checked, errors name the fla
   t.row("no-progress").set("true");
   CHECK_FALSE(progress);
   CHECK(t.row("no-progress").text() == "true");
+  t.row("no-progress").set("false");  // `no-progress = false` in a config file
+  CHECK(progress);
+  CHECK(t.row("no-progress").text() == "false");
   t.row("resume").set("true");
   CHECK(resume);
   CHECK(t.find("nope") == nullptr);
@@ -80,8 +88,12 @@ TEST_CASE("option tables: config.toml and the recipe come from the rows") {
         "# tapestry train: read back with `tapestry train --config-file FILE`; flags override it\n"
         "task = \"test\"\nn = 3\nrate = 1.0\nout = \"runs/x\"\nnorm = \"pre\"\n");
   CHECK(t.recipe() == std::map<std::string, std::string>{{"n", "3"}, {"learning_rate", "1"}, {"pre_norm", "1"}});
-  path = "a\"b";
-  CHECK(error_of([&] { t.to_toml(); }).find("--out 'a\"b' holds a quote") != std::string::npos);
+  for (const char* bad : {"a\"b", "a\\b", "a#b", "a\nb"}) {  // CLI11's reader unescapes nothing; '#' starts a comment
+    path = bad;
+    CHECK(error_of([&] { t.to_toml(); }).find("which config.toml cannot hold") != std::string::npos);
+  }
+  path = "";  // an empty text is a value: `out = ""`
+  CHECK(t.to_toml().find("out = \"\"\n") != std::string::npos);
 }
 
 TEST_CASE("the tasks' tables: one row per flag, each with help; the recipes resume compares") {
@@ -116,6 +128,9 @@ TEST_CASE("the tasks' tables: one row per flag, each with help; the recipes resu
   // The quick recipe changes defaults only.
   apps::TranslationOptions quick = apps::quick_translation_options();
   CHECK(quick.trainer.epochs == 2);
+  CHECK(quick.trainer.average == 0);
+  CHECK(quick.trainer.out_dir == "runs/multi30k-quick");
+  CHECK(quick.eval_limit == 300);
   CHECK(quick.beam == 1);
   CHECK(quick.config == mt.config);
 }

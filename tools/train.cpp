@@ -18,7 +18,11 @@ namespace tapestry::tools {
 
 namespace {
 
+// The tables' rows point into copy, mt and lm: TrainFlags stays where it was made (a shared_ptr).
 struct TrainFlags {
+  TrainFlags() = default;
+  TrainFlags(const TrainFlags&) = delete;
+  TrainFlags& operator=(const TrainFlags&) = delete;
   std::string config_file, task = "copy";
   bool quick = false, print_config = false;
   apps::CopyTaskOptions copy;
@@ -59,7 +63,9 @@ int run_train(TrainFlags& f) {
     row->set(row->takes_value() ? f.values.at(flag) : (f.switches.at(flag) ? "true" : "false"));
   }
   if (f.print_config) {
-    std::printf("%s", f.task == "multi30k" ? apps::options_to_toml(f.mt).c_str() : table.to_toml().c_str());
+    std::printf("%s", f.task == "multi30k" ? apps::options_to_toml(f.mt).c_str()
+                      : f.task == "lm"     ? apps::options_to_toml(f.lm).c_str()
+                                           : table.to_toml().c_str());
     return 0;
   }
   if (f.task == "copy") return run_copy(f.copy);
@@ -140,6 +146,8 @@ Subcommand add_train(CLI::App& app) {
       where = group;
     }
     const apps::OptionRow& first = *rows.front().second;
+    for (const auto& [task, row] : rows)  // one CLI option serves them all: it is a value or a switch for each
+      TP_CHECK(row->takes_value() == first.takes_value(), "train: --{} takes a value in one task, not in {}", flag, task);
     const bool same_kind = std::all_of(rows.begin(), rows.end(), [&](const auto& r) { return value_kind(*r.second) == value_kind(first); });
     if (!same_kind)  // "model size (multi30k {tiny,...}, lm {tiny,mini,...})"
       for (size_t i = 0; i < rows.size(); ++i)

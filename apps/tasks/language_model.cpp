@@ -165,6 +165,15 @@ OptionTable options_table(LMOptions& o) {
   return t;
 }
 
+std::string options_to_toml(const LMOptions& options) {
+  LMOptions o = options;  // the default corpus written out, so that the file says what was read
+  if (o.train_path.empty()) {
+    o.train_path = default_data_dir() + "/train.en.gz";
+    if (o.val_path.empty()) o.val_path = default_data_dir() + "/val.en.gz";
+  }
+  return options_table(o).to_toml();
+}
+
 LMResult train_language_model(const LMOptions& options) {
   LMOptions o = options;
   const OptionTable table = options_table(o);
@@ -172,6 +181,7 @@ LMResult train_language_model(const LMOptions& options) {
   TP_CHECK(o.min_lr <= o.lr, "train: --min-lr {} is above --lr {}", o.min_lr, o.lr);
   if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
   TrainerOptions to = o.trainer;
+  const std::string config_toml = options_to_toml(o);  // refuses text TOML cannot hold, before anything is written
   GPTConfig cfg = GPTConfig::named(o.config, 1);  // checks the name before the data are read
 
   // The text: --data and --val, or the default recipe's Multi30k English side.
@@ -193,7 +203,6 @@ LMResult train_language_model(const LMOptions& options) {
 
   RunFolder folder(to.out_dir, to.resume, to.overwrite,
                    {"spm.model", "spm.recipe", "gpt2", "train.ids", "val.ids", "ids.json", "config.toml"});
-  const std::string config_toml = table.to_toml();
   manual_seed(to.seed);
   std::unique_ptr<LMTokenizer> tok;
   if (o.tokenizer == "byte") {

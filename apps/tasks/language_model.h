@@ -51,6 +51,9 @@ struct LMOptions {
 // The task's options, one row each (flag, help, values, role): the command line's flags, the
 // config.toml a run writes and the resume recipe.
 OptionTable options_table(LMOptions& options);
+// The options as TOML (config.toml, read back by `tapestry train --config-file`), with the
+// default corpus written out.
+std::string options_to_toml(const LMOptions& options);
 
 struct LMResult {
   int64_t steps = 0, train_tokens = 0, val_tokens = 0, val_bytes = 0, parameters = 0;

@@ -173,11 +173,11 @@ TranslationResult train_translation(const TranslationOptions& options) {
   if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
   TrainerOptions to = o.trainer;
   const std::string& dir = o.data_dir;
+  const std::string config_toml = table.to_toml();  // refuses text TOML cannot hold, before anything is written
   ParallelCorpus train = load_parallel(dir, o.train_split, o.src_lang, o.tgt_lang);
   ParallelCorpus val = load_parallel(dir, o.val_split, o.src_lang, o.tgt_lang);
   ParallelCorpus test = load_parallel(dir, o.test_split, o.src_lang, o.tgt_lang);
   RunFolder folder(to.out_dir, to.resume, to.overwrite, {"spm.model", "spm.recipe", "config.toml"});
-  const std::string config_toml = table.to_toml();
   std::printf("config (saved as %s/config.toml):\n%s", to.out_dir.c_str(), config_toml.c_str());
   manual_seed(to.seed);
   AnomalyGuard anomaly(o.detect_anomaly);

@@ -2,6 +2,7 @@
 #include "apps/train/option_table.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "tapestry/ops/cuda.h"
 #include "tapestry/ops/dtype.h"
@@ -45,7 +46,9 @@ bool in_range(const OptionRow& r, double v) {
 
 // Whole-string integer parses (std::stoll alone accepts "12abc").
 template <class T> bool parse_integer(const std::string& s, T& out) {
-  if (s.empty() || (std::is_unsigned_v<T> && s[0] == '-')) return false;
+  // Digits after an optional '-' (signed only): std::stoull skips spaces and wraps " -1" around.
+  const size_t first = std::is_signed_v<T> && !s.empty() && s[0] == '-' ? 1 : 0;
+  if (s.size() == first || !std::isdigit(static_cast<unsigned char>(s[first]))) return false;
   try {
     size_t used = 0;
     out = std::is_unsigned_v<T> ? static_cast<T>(std::stoull(s, &used)) : static_cast<T>(std::stoll(s, &used));
@@ -209,7 +212,7 @@ std::map<std::string, std::string> OptionTable::recipe() const {
     if (r.recipe_key.empty()) continue;
     out[r.recipe_key] = std::visit(Overloaded{
                                        [](double* v) { return fmt::format("{}", *v); },
-                                       [](bool* v) { return std::string(*v ? "1" : "0"); },
+                                       [&](bool* v) { return std::string(*v != r.clears ? "1" : "0"); },
                                        [&](auto*) { return r.text(); },
                                    },
                                    r.field);

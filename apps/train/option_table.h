@@ -55,6 +55,8 @@ struct OptionRow {
   void check_value() const;
 };
 
+// A table is bound to the options it was built from (its rows hold pointers to their fields):
+// build it from the options it is to read or set, and use it while they live.
 class OptionTable {
  public:
   explicit OptionTable(std::string task) : task_(std::move(task)) {}

@@ -51,7 +51,8 @@ OptionTable trainer_options(TrainerOptions& o) {
   t.add("accumulate", o.accumulate, "batches per optimizer step (their gradients summed, weighted by tokens)").positive();
   t.add("clip-norm", o.clip_norm, "clip the global gradient norm to this before each step (0: none)").at_least(0);
   t.add("on-nan", o.on_nan, "a non-finite loss or gradient norm: stop (nothing saved) or skip the step")
-      .one_of({"stop", "skip"});
+      .one_of({"stop", "skip"})
+      .this_run_only();
   t.add("eval-every", o.eval_every, "also evaluate every N steps (0: after each epoch only)").at_least(0);
   t.add("no-progress", o.progress, "no progress line on stderr").this_run_only().clears = true;
   t.add("step-log", o.step_log, "append a TSV line per optimizer step: step, epoch, loss, tokens, lr, gradient norm")

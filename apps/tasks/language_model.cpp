@@ -159,7 +159,7 @@ OptionTable options_table(LMOptions& o) {
   t.add("limit", o.limit, "train on the first N lines only (0: all)").at_least(0).recipe();
   t.take(trainer, "save-every");
   t.add_process_rows(o.threads, o.device);
-  t.take_all(trainer, {"on-nan", "time-limit", "resume", "overwrite", "reshard", "step-log", "no-progress"});
+  t.take_all(trainer, kRunControlFlags);
   t.add("export-ids", o.export_ids, "also write the token streams (train.ids, val.ids: int32) for tools/lm-compare.sh")
       .this_run_only();
   return t;

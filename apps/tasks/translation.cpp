@@ -124,7 +124,7 @@ OptionTable options_table(TranslationOptions& o) {
   t.add("alpha", o.alpha, "length penalty for the test set").at_least(0);
   t.take_all(trainer, {"save-every", "keep", "average"});
   t.add_process_rows(o.threads, o.device);
-  t.take_all(trainer, {"on-nan", "time-limit", "resume", "overwrite", "reshard", "step-log", "no-progress"});
+  t.take_all(trainer, kRunControlFlags);
   t.add("detect-anomaly", o.detect_anomaly, "name the first op whose forward or backward gives NaN/inf (slow)")
       .this_run_only();
   return t;

@@ -196,6 +196,10 @@ std::map<std::string, Tensor> average_checkpoints(const std::vector<std::string>
 // The Trainer's options as table rows (flags, help, accepted values); a task's table takes the
 // ones it offers (OptionTable::take) and marks its recipe among them.
 OptionTable trainer_options(TrainerOptions& options);
+// The Trainer's flags that steer one invocation of a run folder's task (multi30k, lm): what a
+// nan does, the time limit, resume/overwrite/reshard, the step log, the progress line.
+inline const std::vector<std::string> kRunControlFlags = {"on-nan", "time-limit", "resume", "overwrite",
+                                                         "reshard", "step-log", "no-progress"};
 
 // Throws naming the first bad option (what the Trainer's constructor checks), as its flag would.
 void check_options(const TrainerOptions& options);

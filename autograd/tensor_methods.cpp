@@ -7,16 +7,6 @@
 
 namespace tapestry {
 
-Tensor& Tensor::requires_grad_(bool on) {
-  TP_CHECK(!on || is_floating(dtype()), "requires_grad_: only floating-point tensors can require grad, got {} {}",
-           dtype(), sizes());
-  TP_CHECK(on || is_leaf(), "requires_grad_: cannot turn off requires_grad on a non-leaf tensor (use detach())");
-  impl().requires_grad = on;
-  return *this;
-}
-
-Tensor Tensor::grad() const { return impl().grad ? Tensor(impl().grad) : Tensor(); }
-void Tensor::zero_grad() { impl().grad.reset(); }
 std::string Tensor::grad_fn_name() const { return grad_fn() ? grad_fn()->name : ""; }
 
 void Tensor::backward(const Tensor& grad, bool retain_graph) const { run_backward(*this, grad, retain_graph); }
@@ -41,11 +31,6 @@ void HookHandle::remove() {
       }
   }
   owner_.reset();
-}
-
-Tensor Tensor::detach() const {
-  const TensorImpl& i = impl();
-  return make_tensor(i.storage, i.shape, i.strides, i.offset, i.dtype);
 }
 
 Tensor Tensor::view(const Shape& shape) const { return tapestry::view(*this, shape); }

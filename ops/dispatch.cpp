@@ -1,10 +1,14 @@
-// The one place where kernel entry points choose a backend. Each entry finds the device its tensors
-// share (common_device; two devices in one call is an Error naming both), runs the checks that need
-// no data (dtypes, shapes, in-place rules: once here, not in every backend) and forwards the call,
-// unchanged, to kernels::cpu or kernels::cuda. No op switches on devices. copy_ also moves data
-// between devices (a staged byte copy plus the backend's strided copy); contiguous, to_dtype and
-// cat are composites of copy_, defined here for every device.
+// The one place where kernel entry points choose a backend. Each row of ops/detail/kernel_entries.h
+// becomes an entry here (the TP_KERNEL definition near the end): it runs the row's checks that need
+// no data (dtypes, shapes, in-place rules: once here, not in every backend), finds the device its
+// tensors share (two devices in one call is an Error naming both) and forwards the call, unchanged,
+// to kernels::cpu or kernels::cuda inside a KernelScope (device guard, profile scope, emulated
+// launch). No op switches on devices. copy_ also moves data between devices (a staged byte copy
+// plus the backend's strided copy); contiguous, to_dtype and cat are composites of copy_, defined
+// here for every device.
 #include <algorithm>
+#include <optional>
+#include <type_traits>
 
 #include "tapestry/ops/detail/backend.h"
 #include "tapestry/ops/cuda.h"
@@ -104,61 +108,9 @@ void count_host_round_trip(const Tensor& a) {
   }
 }
 
-#ifndef TAPESTRY_WITH_CUDA
-[[noreturn]] void no_cuda_backend(const char* op) {
-  throw Error(fmt::format("{}: tensor on cuda, but this build has only the cpu backend (configure with "
-                          "-DTAPESTRY_CUDA=ON)", op));
-}
-#endif
+// ---- the checks of kernel_entries.h's rows
 
-}  // namespace
-
-#ifdef TAPESTRY_WITH_CUDA
-// A CUDA entry's profile scope (`tapestry bench --profile`, ops/profile.h), which the CPU kernels
-// open themselves. Kernels run asynchronously, so with profiling on the scope waits for the stream
-// before it closes and the time is the kernel's (a synchronisation per entry, counted: profile
-// steps are timed apart from the measured ones). Off, it costs a branch.
-struct DeviceProfileScope {
-  DeviceProfileScope(const char* op, Device device) : device(device), scope(op) {}
-  ~DeviceProfileScope() {
-    if (profile::enabled()) ::tapestry::cuda::detail::wait_for_stream(device);
-  }
-  Device device;
-  profile::Scope scope;  // destroyed after the wait above
-};
-#endif
-
-// TP_ROUTE(op, device, call): call the entry `call` of the backend for `device`. A CUDA call first
-// makes the tensors' GPU the current one; an emulated call runs the CPU kernel inside an
-// EmulatedKernel scope (the one place the host may read that device's memory; a launch).
-#ifdef TAPESTRY_WITH_CUDA
-#define TP_ROUTE_CUDA(op, call)                                             \
-  do {                                                                      \
-    ::tapestry::cuda::detail::set_device(tp_device);                        \
-    DeviceProfileScope tp_scope(op, tp_device);                             \
-    return cuda::call;                                                      \
-  } while (0)
-#else
-#define TP_ROUTE_CUDA(op, call) no_cuda_backend(op)
-#endif
-#define TP_ROUTE(op, device, call)                                          \
-  do {                                                                      \
-    const Device tp_device = (device);                                      \
-    if (tp_device.is_cuda()) TP_ROUTE_CUDA(op, call);                       \
-    if (tp_device.is_emulated()) {                                          \
-      ::tapestry::runtime::EmulatedKernel tp_kernel;                        \
-      return cpu::call;                                                     \
-    }                                                                       \
-    return cpu::call;                                                       \
-  } while (0)
-
-Tensor binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
-  const Device device = common_device(op, {&a, &b});
-  check_binary(op, kind, a, b);
-  TP_ROUTE(op, device, binary(op, kind, a, b));
-}
-void binary_(const char* op, Binary kind, Tensor& a, const Tensor& b) {
-  const Device device = common_device(op, {&a, &b});
+void check_binary_in_place(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
   check_binary(op, kind, a, b);
   TP_CHECK(!is_comparison(kind), "{}: comparisons have no in-place form", op);
   check_writable(op, a);
@@ -166,30 +118,57 @@ void binary_(const char* op, Binary kind, Tensor& a, const Tensor& b) {
   TP_CHECK(shape == a.sizes(), "{}: in-place result of shape {} does not fit the destination of shape {}", op, shape,
            a.sizes());
   check_no_partial_overlap(op, a, b);
-  TP_ROUTE(op, device, binary_(op, kind, a, b));
 }
-Tensor unary(const char* op, Unary kind, const Tensor& a, double p0, double p1) {
+
+void check_unary(const char* op, Unary kind, double p0, double p1) {
   if (kind == Unary::Clamp) TP_CHECK(p0 <= p1, "{}: min {} is greater than max {}", op, p0, p1);
-  TP_ROUTE(op, a.device(), unary(op, kind, a, p0, p1));
 }
-Tensor where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& b) {
-  const Device device = common_device(op, {&cond, &a, &b});
+
+void check_where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& b) {
   TP_CHECK(cond.dtype() == DType::Bool, "{}: condition must be a bool mask, got {} {}", op, cond.dtype(),
            cond.sizes());
   TP_CHECK(a.dtype() == b.dtype(), "{}: dtype mismatch: {} {} and {} {}", op, a.dtype(), a.sizes(), b.dtype(),
            b.sizes());
-  TP_ROUTE(op, device, where(op, cond, a, b));
 }
 
-void copy_(const Tensor& dst, const Tensor& src) {
+void check_copy(const Tensor& dst, const Tensor& src) {
   Shape shape = broadcast_shapes("copy_", dst.sizes(), src.sizes());
   TP_CHECK(shape == dst.sizes(), "copy_: source of shape {} cannot be broadcast to the destination shape {}",
            src.sizes(), dst.sizes());
   check_writable("copy_", dst);
   check_no_partial_overlap("copy_", dst, src);
-  if (dst.device() == src.device()) TP_ROUTE("copy_", dst.device(), copy_(dst, src));
-  // Across devices: src made contiguous in dst's dtype on its own device, its bytes copied to a
-  // contiguous buffer on dst's device (dst itself when it fits), then broadcast into dst there.
+}
+
+void check_cross_entropy_backward(const Tensor& logits, const Tensor& target, double smoothing, const Tensor& scale) {
+  check_cross_entropy(logits, target, smoothing);
+  TP_CHECK(scale.dim() == 0 && scale.dtype() == logits.dtype(),
+           "cross_entropy_backward: scale must be a 0-d {} tensor, got {} {}", logits.dtype(), scale.dtype(),
+           scale.sizes());
+}
+
+void check_triangle(const char* op, const Tensor& a) {
+  TP_CHECK(a.dim() >= 2, "{}: expected a tensor of at least 2 dims (a matrix or a batch of them), got shape {}", op,
+           a.sizes());
+}
+
+void check_adam_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                     const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs) {
+  TP_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() && exp_avg_sqs.size() == params.size(),
+           "adam_step_: {} params, {} grads, {} exp_avgs and {} exp_avg_sqs", params.size(), grads.size(),
+           exp_avgs.size(), exp_avg_sqs.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& param = params[i];
+    for (const Tensor* t : {&param, &grads[i], &exp_avgs[i], &exp_avg_sqs[i]})
+      TP_CHECK(t->is_contiguous() && t->dtype() == param.dtype() && t->sizes() == param.sizes(),
+               "adam_step_: param, grad and state must be contiguous {} {}, got {} {}", param.dtype(), param.sizes(),
+               t->dtype(), t->sizes());
+    TP_CHECK(is_floating(param.dtype()), "adam_step_: expected floating-point parameters, got {}", param.dtype());
+  }
+}
+
+// copy_ across devices: src made contiguous in dst's dtype on its own device, its bytes copied to
+// a contiguous buffer on dst's device (dst itself when it fits), then broadcast into dst there.
+void copy_between_devices(const Tensor& dst, const Tensor& src) {
   Tensor staged = contiguous(to_dtype(src, dst.dtype()));
   const bool direct = dst.is_contiguous() && dst.sizes() == src.sizes();
   Tensor landing = direct ? dst : empty(src.sizes(), TensorOptions(dst.dtype(), dst.device()));
@@ -208,8 +187,93 @@ void copy_(const Tensor& dst, const Tensor& src) {
   else copy_(dst, landing);
 }
 
-void fill_(const Tensor& dst, double value) { TP_ROUTE("fill_", dst.device(), fill_(dst, value)); }
+// ---- routing
 
+// The name a call's errors and profile scope carry: the op it serves when the entry's first
+// argument names one ("add" for binary), else the entry's own name.
+template <class First, class... Rest>
+const char* entry_op(const char* entry, const First& first, const Rest&...) {
+  if constexpr (std::is_same_v<First, const char*>) return first;
+  else return entry;
+}
+
+// The one device of a call's tensor arguments (Tensor or std::vector<Tensor>; undefined tensors
+// skipped; other arguments ignored), as common_device finds it.
+class CallDevice {
+ public:
+  explicit CallDevice(const char* op) : op_(op) {}
+  void add(const Tensor& t) {
+    if (!t.defined()) return;
+    if (!first_) first_ = &t;
+    else common_device(op_, {first_, &t});
+  }
+  void add(const std::vector<Tensor>& tensors) {
+    for (const Tensor& t : tensors) add(t);
+  }
+  template <class T>
+  void add(const T&) {}
+  Device device() const { return first_ ? first_->device() : Device::CPU; }
+
+ private:
+  const char* op_;
+  const Tensor* first_ = nullptr;
+};
+
+template <class... Args>
+Device call_device(const char* op, const Args&... args) {
+  CallDevice found(op);
+  (found.add(args), ...);
+  return found.device();
+}
+
+// What a call on `device` runs inside: on a GPU, that GPU made the current one and a profile scope
+// (`tapestry bench --profile`, ops/profile.h; the CPU kernels open their own). Kernels run
+// asynchronously, so with profiling on the scope waits for the stream before it closes and the
+// time is the kernel's (a synchronisation per entry, counted: profile steps are timed apart from
+// the measured ones); off, it costs a branch. On the emulated device, an EmulatedKernel scope:
+// the one place the host may read that device's memory (a launch).
+class KernelScope {
+ public:
+  KernelScope(const char* op, Device device) {
+    if (device.is_cuda()) {
+      ::tapestry::cuda::detail::set_device(device);
+      device_ = device;
+      profile_.emplace(op);
+    } else if (device.is_emulated()) {
+      emulated_.emplace();
+    }
+  }
+  ~KernelScope() {
+    if (profile_ && profile::enabled()) ::tapestry::cuda::detail::wait_for_stream(device_);
+  }
+  KernelScope(const KernelScope&) = delete;
+  KernelScope& operator=(const KernelScope&) = delete;
+
+ private:
+  Device device_ = Device::CPU;
+  std::optional<profile::Scope> profile_;  // closed after the wait above
+  std::optional<runtime::EmulatedKernel> emulated_;
+};
+
+}  // namespace
+
+// Every row of kernel_entries.h becomes its dispatching entry: the row's check, the one device of
+// its tensors, then the backend of that device inside a KernelScope. No entry is written by hand.
+#define TP_UNPAREN(...) __VA_ARGS__
+#define TP_KERNEL(Ret, name, params, args, check)                         \
+  Ret name params {                                                        \
+    check;                                                                 \
+    const char* const tp_op = entry_op(#name, TP_UNPAREN args);            \
+    const Device tp_device = call_device(tp_op, TP_UNPAREN args);          \
+    KernelScope tp_scope(tp_op, tp_device);                                \
+    if (tp_device.is_cuda()) return cuda::name args;                       \
+    return cpu::name args;                                                 \
+  }
+#include "tapestry/ops/detail/kernel_entries.h"
+#undef TP_KERNEL
+#undef TP_UNPAREN
+
+// ---- composites of copy_, for every device
 Tensor contiguous(const Tensor& a) {
   if (a.is_contiguous()) return a;
   Tensor out = empty(a.sizes(), a.options());
@@ -263,126 +327,5 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   return out;
 }
 
-Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
-  TP_ROUTE(op, a.device(), reduce(op, kind, a, dims, keepdim));
-}
-Tensor sum_of_squares(const std::vector<Tensor>& tensors) {
-  TP_ROUTE("sum_of_squares", device_of_all("sum_of_squares", tensors), sum_of_squares(tensors));
-}
-std::pair<Tensor, Tensor> reduce_with_index(const char* op, Reduce kind, const Tensor& a, int64_t dim, bool keepdim) {
-  TP_ROUTE(op, a.device(), reduce_with_index(op, kind, a, dim, keepdim));
-}
-
-Tensor softmax(const Tensor& a, int64_t dim, bool log) {
-  TP_ROUTE("softmax", a.device(), softmax(a, dim, log));
-}
-Tensor softmax_backward(const Tensor& y, const Tensor& dy, int64_t dim, bool log) {
-  TP_ROUTE("softmax_backward", common_device("softmax_backward", {&y, &dy}), softmax_backward(y, dy, dim, log));
-}
-LayerNormOut layer_norm(const Tensor& x, int64_t norm_dims, const Tensor& weight, const Tensor& bias, double eps) {
-  TP_ROUTE("layer_norm", common_device("layer_norm", {&x, &weight, &bias}), layer_norm(x, norm_dims, weight, bias, eps));
-}
-LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                                   int64_t norm_dims, const Tensor& weight, bool need_weight_grads) {
-  TP_ROUTE("layer_norm_backward", common_device("layer_norm_backward", {&dy, &x, &mean, &rstd, &weight}),
-           layer_norm_backward(dy, x, mean, rstd, norm_dims, weight, need_weight_grads));
-}
-
-Tensor matmul(const Tensor& a, const Tensor& b) { TP_ROUTE("matmul", common_device("matmul", {&a, &b}), matmul(a, b)); }
-
-Tensor index_select(const char* op, const Tensor& a, int64_t dim, const Tensor& index) {
-  TP_ROUTE(op, common_device(op, {&a, &index}), index_select(op, a, dim, index));
-}
-Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
-  TP_ROUTE("index_add", common_device("index_add", {&index, &src}), index_add(shape, dim, index, src));
-}
-Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
-  TP_ROUTE("gather", common_device("gather", {&a, &index}), gather(a, dim, index));
-}
-Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
-  TP_ROUTE("scatter_add", common_device("scatter_add", {&index, &src}), scatter_add(shape, dim, index, src));
-}
-
-CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& target, double smoothing, int64_t ignore_index,
-                              bool mean) {
-  const Device device = common_device("cross_entropy", {&logits, &target});
-  check_cross_entropy(logits, target, smoothing);
-  TP_ROUTE("cross_entropy", device, cross_entropy(logits, target, smoothing, ignore_index, mean));
-}
-Tensor cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, double smoothing,
-                              int64_t ignore_index, const Tensor& scale) {
-  const Device device = common_device("cross_entropy_backward", {&logits, &target, &lse, &scale});
-  check_cross_entropy(logits, target, smoothing);
-  TP_CHECK(scale.dim() == 0 && scale.dtype() == logits.dtype(),
-           "cross_entropy_backward: scale must be a 0-d {} tensor, got {} {}", logits.dtype(), scale.dtype(),
-           scale.sizes());
-  TP_ROUTE("cross_entropy_backward", device, cross_entropy_backward(logits, target, lse, smoothing, ignore_index, scale));
-}
-
-AttentionOut scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                          bool is_causal, double scale, double dropout_p, uint64_t seed) {
-  TP_ROUTE("scaled_dot_product_attention", common_device("scaled_dot_product_attention", {&q, &k, &v, &mask}),
-           scaled_dot_product_attention(q, k, v, mask, is_causal, scale, dropout_p, seed));
-}
-AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                                     const Tensor& v, const Tensor& out, const Tensor& lse,
-                                                     const Tensor& mask, bool is_causal, double scale,
-                                                     double dropout_p, uint64_t seed) {
-  TP_ROUTE("scaled_dot_product_attention_backward",
-           common_device("scaled_dot_product_attention_backward", {&dout, &q, &k, &v, &out, &lse, &mask}),
-           scaled_dot_product_attention_backward(dout, q, k, v, out, lse, mask, is_causal, scale, dropout_p, seed));
-}
-
-Tensor dropout(const Tensor& x, double p, uint64_t seed) { TP_ROUTE("dropout", x.device(), dropout(x, p, seed)); }
-void uniform_(const Tensor& dst, double lo, double hi, std::mt19937_64& engine) {
-  TP_ROUTE("uniform_", dst.device(), uniform_(dst, lo, hi, engine));
-}
-void normal_(const Tensor& dst, double mean, double std, std::mt19937_64& engine) {
-  TP_ROUTE("normal_", dst.device(), normal_(dst, mean, std, engine));
-}
-void randint_(const Tensor& dst, int64_t low, int64_t high, std::mt19937_64& engine) {
-  TP_ROUTE("randint_", dst.device(), randint_(dst, low, high, engine));
-}
-
-Tensor triangle(const char* op, const Tensor& a, int64_t diagonal, bool upper) {
-  TP_CHECK(a.dim() >= 2, "{}: expected a tensor of at least 2 dims (a matrix or a batch of them), got shape {}", op,
-           a.sizes());
-  TP_ROUTE(op, a.device(), triangle(op, a, diagonal, upper));
-}
-Tensor cumsum(const Tensor& a, int64_t dim, bool reverse) {
-  count_host_round_trip(a);
-  TP_ROUTE("cumsum", a.device(), cumsum(a, dim, reverse));
-}
-std::pair<Tensor, Tensor> sort(const Tensor& a, int64_t dim, bool descending, bool stable) {
-  count_host_round_trip(a);
-  TP_ROUTE("sort", a.device(), sort(a, dim, descending, stable));
-}
-std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest, bool sorted) {
-  if (!topk_on_device(k, sorted) || a.dim() == 0) count_host_round_trip(a);  // as the CUDA entry decides
-  TP_ROUTE("topk", a.device(), topk(a, k, dim, largest, sorted));
-}
-Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, std::mt19937_64& engine) {
-  count_host_round_trip(probs);
-  TP_ROUTE("multinomial", probs.device(), multinomial(probs, num_samples, replacement, engine));
-}
-
-void adam_step_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs, const AdamStep& step) {
-  TP_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() && exp_avg_sqs.size() == params.size(),
-           "adam_step_: {} params, {} grads, {} exp_avgs and {} exp_avg_sqs", params.size(), grads.size(),
-           exp_avgs.size(), exp_avg_sqs.size());
-  if (params.empty()) return;
-  const Device device = device_of_all("adam_step_", params);
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Tensor& param = params[i];
-    common_device("adam_step_", {&params[0], &grads[i], &exp_avgs[i], &exp_avg_sqs[i]});
-    for (const Tensor* t : {&param, &grads[i], &exp_avgs[i], &exp_avg_sqs[i]})
-      TP_CHECK(t->is_contiguous() && t->dtype() == param.dtype() && t->sizes() == param.sizes(),
-               "adam_step_: param, grad and state must be contiguous {} {}, got {} {}", param.dtype(), param.sizes(),
-               t->dtype(), t->sizes());
-    TP_CHECK(is_floating(param.dtype()), "adam_step_: expected floating-point parameters, got {}", param.dtype());
-  }
-  TP_ROUTE("adam_step_", device, adam_step_(params, grads, exp_avgs, exp_avg_sqs, step));
-}
 
 }  // namespace tapestry::kernels

@@ -131,7 +131,13 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
   Shape s = broadcast_shapes("allclose", a.sizes(), b.sizes());
-  std::vector<double> va = a.expand(s).to_vector<double>(), vb = b.expand(s).to_vector<double>();
+  // Both broadcast to s by copying (kernels::copy_ broadcasts; no view op, which would record).
+  auto broadcast_values = [&s](const Tensor& t) {
+    Tensor out = empty(s, TensorOptions(t.dtype(), t.device()));
+    kernels::copy_(out, t);
+    return out.to_vector<double>();
+  };
+  std::vector<double> va = broadcast_values(a), vb = broadcast_values(b);
   for (size_t i = 0; i < va.size(); ++i) {
     if (std::isnan(va[i]) || std::isnan(vb[i])) return false;
     if (va[i] == vb[i]) continue;  // equal infinities

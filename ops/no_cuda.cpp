@@ -1,8 +1,10 @@
-// The CUDA runtime of a build without -DTAPESTRY_CUDA=ON: nothing to use, and errors that say how
-// to get it. (ops/cuda/runtime.cu replaces this file in a CUDA build.)
+// The CUDA runtime and kernel backend of a build without -DTAPESTRY_CUDA=ON: nothing to use, and
+// errors that say how to get it. (ops/cuda/ replaces this file in a CUDA build.)
 #include <cstring>
+#include <tuple>
 
 #include "tapestry/ops/cuda.h"
+#include "tapestry/ops/detail/backend.h"
 
 namespace tapestry::cuda {
 
@@ -46,3 +48,23 @@ void wait_for_stream(Device) noexcept {}
 }  // namespace detail
 
 }  // namespace tapestry::cuda
+
+namespace tapestry::kernels::cuda {
+
+namespace {
+[[noreturn]] void no_cuda_backend(const char* entry) {
+  throw Error(fmt::format("{}: tensor on cuda, but this build has only the cpu backend (configure with "
+                          "-DTAPESTRY_CUDA=ON)", entry));
+}
+}  // namespace
+
+// Every kernel entry of ops/detail/kernel_entries.h: unreachable unless a tensor claims a GPU.
+#define TP_KERNEL(Ret, name, params, args, check) \
+  Ret name params {                               \
+    (void)std::forward_as_tuple args;             \
+    no_cuda_backend(#name);                       \
+  }
+#include "tapestry/ops/detail/kernel_entries.h"
+#undef TP_KERNEL
+
+}  // namespace tapestry::kernels::cuda

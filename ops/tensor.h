@@ -2,6 +2,10 @@
 // elements, offset) into a Storage shared by every view of the same data. Views never copy.
 // The user-facing ops (declared in autograd/functions.h, defined in autograd/) record themselves on
 // the autograd tape; the raw kernels they call live in ops/detail/kernels.h and know nothing of grads.
+// Note [Sealed core]: like libtorch's TensorBody, this class declares the method forms users type
+// (x.add(y), x.sum(), x.backward(), x.view(...)) and printing; autograd/ defines them. The core's own
+// code (ops/) never calls them: it links without autograd, and tools/check-layers.py --objects (a
+// ctest) fails when an object file of a lower layer needs a symbol that only a higher layer defines.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -234,6 +238,7 @@ class HookHandle {
 // Builds a tensor header over existing storage (used by views and kernels).
 Tensor make_tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype);
 
+// Printing (autograd/print.cpp: it names the grad_fn).
 std::string to_string(const Tensor& t);
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 

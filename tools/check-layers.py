@@ -9,7 +9,11 @@ tests/ and examples/ sit on top and may include any layer. Besides the order:
     own source files and the tests, never by a public header, an application, a tool or an example
     (the installed package holds only the public headers: cmake/install.cmake);
   - the engine's headers are named as users name them, "tapestry/<layer>/...".
-Usage: tools/check-layers.py (from anywhere; exits 1 and names each bad arrow).
+With --objects DIR... it checks the built engine the same way, one level lower: no object file of a
+layer needs a symbol that only a higher (or sibling) layer defines, so ops/ links without autograd
+(Note [Sealed core] in ops/tensor.h), autograd without nn, and so on. Each DIR is a CMake target's
+object folder (build/CMakeFiles/tapestry.dir, ...), whose subfolders are named by layer.
+Usage: tools/check-layers.py [--objects DIR...] (from anywhere; exits 1 and names each bad arrow).
 """
 import os
 import re
@@ -90,7 +94,63 @@ def check(path, include):
     return None
 
 
+def nm_symbols(obj):
+    """(defined, undefined) global symbols of one object file, mangled."""
+    out = subprocess.check_output(["nm", "-P", "-g", obj], text=True)
+    defined, undefined = set(), set()
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 2:
+            continue
+        (undefined if fields[1] in ("U", "w", "v") else defined).add(fields[0])
+    return defined, undefined
+
+
+def demangle(names):
+    try:
+        return subprocess.check_output(["c++filt"], input="\n".join(names), text=True).splitlines()
+    except OSError:
+        return list(names)
+
+
+def check_objects(dirs):
+    """Every engine object file's needs are met by its own layer or a lower one."""
+    defined = {}    # layer -> symbols its objects define
+    needs = []      # (layer, object, undefined symbols)
+    for top in dirs:
+        for layer in ENGINE_RANK:
+            folder = os.path.join(top, layer)
+            for dirpath, _, names in os.walk(folder):
+                for name in sorted(names):
+                    if not name.endswith(".o"):
+                        continue
+                    obj = os.path.join(dirpath, name)
+                    d, u = nm_symbols(obj)
+                    defined.setdefault(layer, set()).update(d)
+                    needs.append((layer, os.path.relpath(obj, top), u))
+    if not needs:
+        print(f"check-layers --objects: no object files under {' '.join(dirs)} (build first)")
+        return 1
+    bad = 0
+    for layer, obj, undefined in needs:
+        below = set().union(*(defined.get(l, set()) for l in ENGINE_RANK
+                              if ENGINE_RANK[l] < ENGINE_RANK[layer] or l == layer))
+        for sym in sorted(undefined - below):
+            owners = [l for l in ENGINE_RANK if sym in defined.get(l, set())]
+            if owners:
+                print(f"{obj}: needs {demangle([sym])[0]}, defined in {', '.join(owners)}, "
+                      f"which does not sit below {layer}")
+                bad += 1
+    if bad:
+        print(f"check-layers --objects: {bad} symbol(s) needed up the layers (the order: tools/check-layers.py)")
+        return 1
+    print(f"check-layers --objects: {len(needs)} object files, every symbol they need comes from their layer or below")
+    return 0
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--objects":
+        return check_objects(sys.argv[2:])
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     files = subprocess.check_output(["git", "-C", root, "ls-files"], text=True).split("\n")
     bad = 0

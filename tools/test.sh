@@ -55,6 +55,8 @@ for stage in $stages; do
         cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DTAPESTRY_CUDA=ON -DTAPESTRY_MPI=ON >/dev/null
         cmake --build build-cuda -j "$jobs" --target tapestry_cli device_check
         build-cuda/tapestry --version
+        # The CUDA objects too need nothing from a layer above theirs (Note [Sealed core]).
+        python3 tools/check-layers.py --objects build-cuda/CMakeFiles/tapestry.dir
         (cd build-cuda && ctest --output-on-failure -L cuda)
       else
         echo "tools/test.sh: cuda stage skipped: no CUDA toolkit (nvcc) at /usr/local/cuda"

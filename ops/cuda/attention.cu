@@ -280,8 +280,11 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
   if (P.bh == 0 || P.tq == 0) return {out, lse};
   if (P.tk == 0 || P.ev == 0) {  // no keys: the CPU's zeros and an empty sum
     fill_(out, 0.0);
-    fill_(lse.select(-1, 0), -std::numeric_limits<double>::infinity());
-    fill_(lse.select(-1, 1), std::numeric_limits<double>::infinity());
+    // lse[..., 0] and lse[..., 1], as views built here (Tensor::select is autograd's).
+    Shape rows(lse.sizes().begin(), lse.sizes().end() - 1), row_strides(lse.strides().begin(), lse.strides().end() - 1);
+    fill_(make_tensor(lse.impl().storage, rows, row_strides, lse.offset(), lse.dtype()), -std::numeric_limits<double>::infinity());
+    fill_(make_tensor(lse.impl().storage, rows, row_strides, lse.offset() + lse.stride(-1), lse.dtype()),
+          std::numeric_limits<double>::infinity());
     if (P.tk > 0) {  // values of width 0: the statistics still hold
       Tensor scores = empty_on({P.bh, P.tq, P.tk}, q_in.dtype(), device);
       dispatch_floating(q_in.dtype(), op, [&](auto tag) {

@@ -1,5 +1,5 @@
 // The backends behind ops/dispatch.cpp: every kernel entry point of ops/detail/kernel_entries.h, declared
-// again in kernels::cpu (ops/cpu/, always built) and kernels::cuda (ops/cuda/, built with
+// in kernels::cpu (ops/cpu/, always built) and kernels::cuda (ops/cuda/, built with
 // -DTAPESTRY_CUDA=ON), and the layout rules both backends follow. Only the dispatcher and the
 // backends include this header; everything else calls the dispatching entries of ops/detail/kernels.h.
 // Checks that need no data (shapes, dtypes, in-place rules) run in the dispatcher, once, before
@@ -125,10 +125,14 @@ inline Shape attention_mask_strides(const char* op, const Tensor& mask, const Sh
 
 }  // namespace tapestry::kernels
 
+#define TP_KERNEL(Ret, name, params, args, check) Ret name params;
 namespace tapestry::kernels::cpu {
 #include "tapestry/ops/detail/kernel_entries.h"
 }  // namespace tapestry::kernels::cpu
 
+// Defined by ops/cuda/ in a CUDA build, and by ops/no_cuda.cpp (each an Error saying how to get
+// CUDA) without one, so that the dispatcher routes alike in both builds.
 namespace tapestry::kernels::cuda {
 #include "tapestry/ops/detail/kernel_entries.h"
 }  // namespace tapestry::kernels::cuda
+#undef TP_KERNEL

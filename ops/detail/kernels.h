@@ -1,10 +1,11 @@
 // Raw compute kernels: no autograd, no recording. Every differentiable op in autograd/ calls
-// these for its forward and its backward. Each entry point is declared once, in
-// ops/detail/kernel_entries.h, and defined once, in ops/dispatch.cpp, which checks that the tensors of a
-// call share one device and routes it to that device's backend: ops/cpu/ (always built) or
-// ops/cuda/ (-DTAPESTRY_CUDA=ON), each of which defines every entry in its own namespace
-// (kernels::cpu, kernels::cuda; ops/detail/backend.h). Inputs may be any strided views; outputs are
-// fresh contiguous tensors on the inputs' device unless the name ends in '_' (writes in place).
+// these for its forward and its backward. Each entry point is one row of
+// ops/detail/kernel_entries.h, from which ops/dispatch.cpp makes its definition here: it checks
+// that the tensors of a call share one device and routes it to that device's backend: ops/cpu/
+// (always built) or ops/cuda/ (-DTAPESTRY_CUDA=ON), each of which defines every entry in its own
+// namespace (kernels::cpu, kernels::cuda; ops/detail/backend.h). Inputs may be any strided views;
+// outputs are fresh contiguous tensors on the inputs' device unless the name ends in '_' (writes
+// in place).
 #pragma once
 #include <initializer_list>
 #include <random>
@@ -44,7 +45,16 @@ struct AdamStep {
   bool decoupled = false;
 };
 
+// Values and indices (max/min over a dim, sort, topk).
+using TensorPair = std::pair<Tensor, Tensor>;
+
+#define TP_KERNEL(Ret, name, params, args, check) Ret name params;
 #include "tapestry/ops/detail/kernel_entries.h"
+#undef TP_KERNEL
+
+// The short forms (kernel rows take no default arguments).
+inline Tensor unary(const char* op, Unary kind, const Tensor& a, double p0 = 0) { return unary(op, kind, a, p0, 0); }
+inline Tensor cumsum(const Tensor& a, int64_t dim) { return cumsum(a, dim, false); }
 
 // Composites of copy_, defined once for every device (ops/dispatch.cpp): a itself when already
 // contiguous / of that dtype, else a fresh contiguous copy on a's device; and the concatenation

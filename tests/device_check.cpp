@@ -32,6 +32,7 @@
 #include "tapestry/ops/cuda.h"
 #include "tapestry/ops/detail/kernels.h"
 #include "tapestry/ops/runtime.h"
+#include "tests/checker.h"
 #include "tests/helpers.h"
 #include "tests/opinfo.h"
 
@@ -41,16 +42,11 @@ using testing::max_diff;
 
 namespace {
 
-int failures = 0;
+testing::Checker check("device_check");
 // The emulated device runs the CPU's kernels: every comparison with the CPU must be exact there.
 bool exact = false;
 
-void expect(bool ok, const std::string& what) {
-  if (!ok) {
-    ++failures;
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-  }
-}
+void expect(bool ok, const std::string& what) { check.expect(ok, what); }
 
 // t on `device` with t's exact layout: the whole storage copied, the same view over it.
 Tensor same_layout_on(const Tensor& t, Device device) {
@@ -763,8 +759,8 @@ int run(const std::string& kind) {
     return 0;
   }
   if (!cuda::built() || !cuda::is_available()) {
-    std::printf("device_check: cuda skipped: %s\n", cuda::unavailable_reason().c_str());
-    return 77;
+    check.note("cuda skipped: " + cuda::unavailable_reason());
+    return testing::Checker::kSkipped;
   }
   for (int i = 0; i < cuda::device_count(); ++i) {
     const Device device(DeviceType::CUDA, i);
@@ -785,17 +781,7 @@ int main(int argc, char** argv) {
   const std::string kind = argc > 1 ? argv[1] : "";
   if (argc != 2 || (kind != "emulated" && kind != "cuda")) {
     std::fprintf(stderr, "usage: device_check emulated|cuda\n");
-    return 2;
+    return testing::Checker::kUsage;
   }
-  int code = 0;
-  try {
-    code = run(kind);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "FAIL: %s\n", e.what());
-    return 1;
-  }
-  if (code == 77) return code;
-  if (failures) std::fprintf(stderr, "device_check: %d failures on %s\n", failures, kind.c_str());
-  else std::printf("device_check: all checks passed on %s\n", kind.c_str());
-  return failures ? 1 : 0;
+  return check.run([&] { return run(kind); });
 }

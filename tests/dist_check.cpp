@@ -18,6 +18,7 @@
 #include "tapestry/dist/dist.h"
 #include "tapestry/tapestry.h"
 #define DOCTEST_CONFIG_DISABLE  // helpers.h without doctest's runner: a program, not a test suite
+#include "tests/checker.h"
 #include "tests/helpers.h"  // max_diff
 
 using namespace tapestry;
@@ -65,7 +66,7 @@ class Windows : public apps::DataSource {
   std::vector<int64_t> stream_;
 };
 
-int train(const std::string& out, const std::string& dtype, int64_t accumulate) {
+int train(testing::Checker& check, const std::string& out, const std::string& dtype, int64_t accumulate) {
   manual_seed(7);
   models::GPTConfig c = models::GPTConfig::named("tiny", kVocab);
   c.block_size = kBlock, c.dropout = 0.0;
@@ -90,32 +91,27 @@ int train(const std::string& out, const std::string& dtype, int64_t accumulate) 
   Tensor seen = tensor(data.seen, {static_cast<int64_t>(data.seen.size())});
   dist::allreduce_(seen);
   for (int64_t count : seen.to_vector<int64_t>())
-    if (count != 1) {
-      std::fprintf(stderr, "dist_check: a window was given to %lld ranks (expected exactly 1)\n", (long long)count);
-      return 1;
-    }
-  if (const dist::GradReducer* r = trainer.reducer(); r && r->overlap() && r->started_early() == 0) {
-    std::fprintf(stderr, "dist_check: overlap is on, but no bucket's all-reduce started during a backward\n");
-    return 1;
-  }
+    if (!check.expect(count == 1, fmt::format("a window was given to {} ranks (expected exactly 1)", count)))
+      return testing::Checker::kFailed;
+  if (const dist::GradReducer* r = trainer.reducer(); r && r->overlap())
+    check.expect(r->started_early() > 0, "overlap is on, but no bucket's all-reduce started during a backward");
   if (dist::is_main()) {
     if (const dist::GradReducer* r = trainer.reducer())
-      std::printf("dist_check: %zu buckets, overlap %s, %lld started during a backward over %lld steps\n", r->buckets(),
-                  r->overlap() ? "on" : "off", (long long)r->started_early(), (long long)result.steps);
+      check.note(fmt::format("{} buckets, overlap {}, {} started during a backward over {} steps", r->buckets(),
+                             r->overlap() ? "on" : "off", r->started_early(), result.steps));
     model.save(out, {});
-    std::printf("dist_check: %d rank(s), %lld steps, loss %.6f, %lld windows each given to one rank; all-reduce %.3f ms "
-                "per step\n",
-                dist::world_size(), (long long)result.steps, result.last_loss, (long long)data.seen.size(),
-                1e3 * trainer.allreduce_seconds() / static_cast<double>(std::max<int64_t>(result.steps, 1)));
+    check.note(fmt::format("{} rank(s), {} steps, loss {:.6f}, {} windows each given to one rank; all-reduce {:.3f} ms "
+                           "per step", dist::world_size(), result.steps, result.last_loss, data.seen.size(),
+                           1e3 * trainer.allreduce_seconds() / static_cast<double>(std::max<int64_t>(result.steps, 1))));
   }
-  return 0;
+  return testing::Checker::kPassed;
 }
 
 // GradReducer alone, with a graph that differs by rank: c takes no gradient on rank 1, so there
 // its bucket, and every bucket after it, can start only in reduce(), while rank 0 starts them all
 // from the backward. The buckets must still meet in the same order: one parameter each, each of
 // its own size, so a mismatched pair would fail in MPI or not sum to the values checked.
-int reducer_check() {
+int reducer_check(testing::Checker& check) {
   const int rank = dist::rank(), world = dist::world_size();
   auto param = [](int64_t n) { return zeros({n}, kFloat64).requires_grad_(); };
   Tensor a = param(5), b = param(6), c = param(7), d = param(8);
@@ -125,10 +121,9 @@ int reducer_check() {
   a.register_post_accumulate_grad_hook([&](const Tensor&) { started_before_a = seen_by->started_early(); });
   dist::GradReducer reducer({a, b, c, d}, 1, 1, true);  // 1-byte buckets: one per parameter
   seen_by = &reducer;
-  if ((world > 1 && !reducer.overlap()) || reducer.buckets() != 4) {
-    std::fprintf(stderr, "dist_check: reducer: expected 4 buckets with overlap on\n");
-    return 1;
-  }
+  if (!check.expect((world == 1 || reducer.overlap()) && reducer.buckets() == 4,
+                    "reducer: expected 4 buckets with overlap on"))
+    return testing::Checker::kFailed;
   // Rank r: loss = (r + 1) * ((((a.sum() * 2 + b.sum()) * 3 + c.sum()) * 4 + d.sum()), c on rank 0 only.
   const double ranks = world * (world + 1) / 2.0;  // the sum of (r + 1) over the ranks
   const double want_a = 24 * ranks, want_b = 12 * ranks, want_c = 4, want_d = ranks;
@@ -142,52 +137,41 @@ int reducer_check() {
     Tensor loss = (x * 4.0 + d.sum()) * static_cast<double>(rank + 1);
     loss.backward();
     reducer.reduce(0.5);
-    auto check = [&](const Tensor& p, double want, const char* name) {
+    auto grad_is = [&](const Tensor& p, double want, const char* name) {
       for (double v : p.grad().to_vector<double>())
-        if (std::abs(v - 0.5 * want) > 1e-12) {
-          std::fprintf(stderr, "dist_check: reducer: rank %d step %d: %s's gradient is %g, expected %g\n", rank, step,
-                       name, v, 0.5 * want);
+        if (!check.expect(std::abs(v - 0.5 * want) <= 1e-12, fmt::format("reducer: step {}: {}'s gradient is {}, "
+                                                                         "expected {}", step, name, v, 0.5 * want)))
           return false;
-        }
       return true;
     };
-    if (!check(a, want_a, "a") || !check(b, want_b, "b") || !check(c, want_c, "c") || !check(d, want_d, "d")) return 1;
+    if (!grad_is(a, want_a, "a") || !grad_is(b, want_b, "b") || !grad_is(c, want_c, "c") || !grad_is(d, want_d, "d"))
+      return testing::Checker::kFailed;
     // d's bucket is first and finished first: it started before the backward reached a.
-    if (world > 1 && started_before_a < 1) {
-      std::fprintf(stderr, "dist_check: reducer: rank %d: no bucket had started when a's gradient was done\n", rank);
-      return 1;
-    }
+    check.expect(world == 1 || started_before_a >= 1, "reducer: no bucket had started when a's gradient was done");
   }
   // Rank 0 started every bucket from the backward; rank 1 only d's (c's held back the rest).
   const int64_t want_early = world == 1 ? 0 : rank == 0 ? 8 : 2;
-  if (reducer.started_early() != want_early) {
-    std::fprintf(stderr, "dist_check: reducer: rank %d started %lld buckets from the backward, expected %lld\n", rank,
-                 (long long)reducer.started_early(), (long long)want_early);
-    return 1;
-  }
-  std::printf("dist_check: reducer: %d rank(s), buckets in one order across ranks whose gradients finish differently\n",
-              world);
-  return 0;
+  check.expect(reducer.started_early() == want_early, fmt::format("reducer: {} buckets started from the backward, "
+                                                                 "expected {}", reducer.started_early(), want_early));
+  check.note(fmt::format("reducer: {} rank(s), buckets in one order across ranks whose gradients finish differently",
+                         world));
+  return testing::Checker::kPassed;
 }
 
-int compare(const std::string& a, const std::string& b, double tolerance) {
+int compare(testing::Checker& check, const std::string& a, const std::string& b, double tolerance) {
   auto ta = nn::load_safetensors(a).as_map(), tb = nn::load_safetensors(b).as_map();
-  if (ta.size() != tb.size()) {
-    std::fprintf(stderr, "dist_check: %s holds %zu tensors, %s %zu\n", a.c_str(), ta.size(), b.c_str(), tb.size());
-    return 1;
-  }
+  if (!check.expect(ta.size() == tb.size(), fmt::format("{} holds {} tensors, {} {}", a, ta.size(), b, tb.size())))
+    return testing::Checker::kFailed;
   double worst = 0;
   std::string where;
   for (auto& [name, t] : ta) {
-    if (!tb.count(name)) {
-      std::fprintf(stderr, "dist_check: %s has no tensor %s\n", b.c_str(), name.c_str());
-      return 1;
-    }
+    if (!check.expect(tb.count(name) > 0, fmt::format("{} has no tensor {}", b, name))) return testing::Checker::kFailed;
     const double d = testing::max_diff(t, tb.at(name));
     if (d > worst) worst = d, where = name;
   }
-  std::printf("dist_check: largest difference %.3g (in %s), tolerance %.3g\n", worst, where.c_str(), tolerance);
-  return worst <= tolerance ? 0 : 1;
+  check.note(fmt::format("largest difference {:.3g} (in {}), tolerance {:.3g}", worst, where, tolerance));
+  check.expect(worst <= tolerance, fmt::format("the weights differ by {:.3g} > {:.3g}", worst, tolerance));
+  return testing::Checker::kPassed;
 }
 
 }  // namespace
@@ -195,18 +179,18 @@ int compare(const std::string& a, const std::string& b, double tolerance) {
 int main(int argc, char** argv) {
   dist::init(&argc, &argv);
   if (!dist::is_main() && !std::freopen("/dev/null", "w", stdout)) return 1;  // rank 0 prints
-  int rc = 2;
-  try {
+  testing::Checker check(fmt::format("dist_check (rank {})", dist::rank()));
+  const int rc = check.run([&] {
     const std::string mode = argc > 1 ? argv[1] : "";
-    if (mode == "train" && argc >= 3) rc = train(argv[2], argc >= 4 ? argv[3] : "float64", argc >= 5 ? std::atoll(argv[4]) : 1);
-    else if (mode == "reducer") rc = reducer_check();
-    else if (mode == "compare" && argc == 5) rc = compare(argv[2], argv[3], std::atof(argv[4]));
-    else std::fprintf(stderr, "usage: dist_check train OUT [float32|float64 [ACCUMULATE]] | reducer | compare A B TOLERANCE\n");
-  } catch (const Error& e) {
-    std::fprintf(stderr, "dist_check (rank %d): %s\n", dist::rank(), e.what());
-    if (dist::world_size() > 1) dist::abort(1);
-    return 1;
-  }
+    if (mode == "train" && argc >= 3)
+      return train(check, argv[2], argc >= 4 ? argv[3] : "float64", argc >= 5 ? std::atoll(argv[4]) : 1);
+    if (mode == "reducer") return reducer_check(check);
+    if (mode == "compare" && argc == 5) return compare(check, argv[2], argv[3], std::atof(argv[4]));
+    std::fprintf(stderr, "usage: dist_check train OUT [float32|float64 [ACCUMULATE]] | reducer | compare A B TOLERANCE\n");
+    return testing::Checker::kUsage;
+  });
+  // A failed rank stops the others rather than leave them waiting in a collective.
+  if (rc != testing::Checker::kPassed && dist::world_size() > 1) dist::abort(rc);
   dist::finalize();
   return rc;
 }

@@ -18,6 +18,7 @@
 #include "tapestry/models/gpt.h"
 #include "tapestry/nn/safetensors.h"
 #define DOCTEST_CONFIG_DISABLE  // helpers.h without doctest's runner: a program, not a test suite
+#include "tests/checker.h"
 #include "tests/helpers.h"  // error_of
 
 using namespace tapestry;
@@ -25,12 +26,9 @@ using tapestry::testing::error_of;
 
 namespace {
 
-int failures = 0;
+testing::Checker check("gpt_hf_check");
 
-void fail(const std::string& what) {
-  std::fprintf(stderr, "gpt_hf_check: FAIL: %s\n", what.c_str());
-  ++failures;
-}
+void fail(const std::string& what) { check.fail(what); }
 
 // Writes `tensors` (with the original metadata) to `path`, loads it with load_gpt2_hf and
 // requires an Error whose message contains `needle`. Removes the file afterwards.
@@ -44,7 +42,7 @@ void expect_load_error(const std::string& what, const std::string& path, const n
   else if (msg.find(needle) == std::string::npos)
     fail(what + ": the error does not name '" + needle + "': " + msg);
   else
-    std::printf("gpt_hf_check: %s: refused as expected (%s)\n", what.c_str(), msg.c_str());
+    check.note(fmt::format("{}: refused as expected ({})", what, msg));
 }
 
 }  // namespace
@@ -52,10 +50,10 @@ void expect_load_error(const std::string& what, const std::string& path, const n
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: gpt_hf_check FILE.safetensors\n");
-    return 2;
+    return testing::Checker::kUsage;
   }
   const std::string path = argv[1];
-  try {
+  return check.run([&] {
     nn::SafetensorsFile file = nn::load_safetensors(path);
     auto n_head = file.metadata.find("n_head");
     TP_CHECK(n_head != file.metadata.end(), "gpt_hf_check: {} has no n_head in its metadata", path);
@@ -92,9 +90,8 @@ int main(int argc, char** argv) {
     } else {
       const double diff = tapestry::max((logits - expected).abs()).item<double>();
       const double scale = tapestry::max(expected.abs()).item<double>();
-      std::printf("gpt_hf_check: %s (%s, %lld layers, %lld heads): logits max abs diff %.3g (|logits| up to %.3g)\n",
-                  path.c_str(), prefix.empty() ? "GPT2Model keys" : "GPT2LMHeadModel keys",
-                  static_cast<long long>(layers), static_cast<long long>(heads), diff, scale);
+      check.note(fmt::format("{} ({}, {} layers, {} heads): logits max abs diff {:.3g} (|logits| up to {:.3g})", path,
+                             prefix.empty() ? "GPT2Model keys" : "GPT2LMHeadModel keys", layers, heads, diff, scale));
       if (!(diff <= 1e-4)) fail(fmt::format("logits differ from test.logits by {:.3g} > 1e-4", diff));
     }
 
@@ -119,18 +116,8 @@ int main(int argc, char** argv) {
       if (msg.empty())
         fail(fmt::format("load_gpt2_hf accepted heads = {} for d_model {}", bad_heads, wte.size(1)));
       else
-        std::printf("gpt_hf_check: heads %lld: refused as expected (%s)\n", static_cast<long long>(bad_heads),
-                    msg.c_str());
+        check.note(fmt::format("heads {}: refused as expected ({})", bad_heads, msg));
     }
-  } catch (const Error& e) {
-    fail(e.what());
-  } catch (const std::exception& e) {  // std::stoll on a bad n_head
-    fail(std::string("unexpected exception: ") + e.what());
-  }
-  if (failures) {
-    std::fprintf(stderr, "gpt_hf_check: %d failure(s)\n", failures);
-    return 1;
-  }
-  std::printf("gpt_hf_check: all checks passed\n");
-  return 0;
+    return testing::Checker::kPassed;
+  });  // an Error, or std::stoll on a bad n_head, is one failure
 }

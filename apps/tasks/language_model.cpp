@@ -174,120 +174,95 @@ std::string options_to_toml(const LMOptions& options) {
   return options_table(o).to_toml();
 }
 
-LMResult train_language_model(const LMOptions& options) {
-  LMOptions o = options;
-  const OptionTable table = options_table(o);
-  table.check();  // before the data are read, as the flags would be
-  TP_CHECK(o.min_lr <= o.lr, "train: --min-lr {} is above --lr {}", o.min_lr, o.lr);
-  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
-  TrainerOptions to = o.trainer;
-  const std::string config_toml = options_to_toml(o);  // refuses text TOML cannot hold, before anything is written
-  GPTConfig cfg = GPTConfig::named(o.config, 1);  // checks the name before the data are read
+namespace {
 
-  // The text: --data and --val, or the default recipe's Multi30k English side.
-  const std::string train_path = o.train_path.empty() ? default_data_dir() + "/train.en.gz" : o.train_path;
-  std::vector<std::string> train_lines = read_lines(train_path), val_lines;
-  std::string val_path = o.val_path;
-  if (val_path.empty() && o.train_path.empty()) val_path = default_data_dir() + "/val.en.gz";
-  if (!val_path.empty()) {
-    val_lines = read_lines(val_path);
+// The text of a run: --data and --val, or the default recipe's Multi30k English side; without
+// --val, the last 5% of --data is held out.
+struct LMText {
+  std::string train_path, val_path;  // val_path: what the log and the curves call it
+  std::vector<std::string> train, val;
+};
+
+LMText read_lm_text(const LMOptions& o) {
+  LMText text;
+  text.train_path = o.train_path.empty() ? default_data_dir() + "/train.en.gz" : o.train_path;
+  text.train = read_lines(text.train_path);
+  text.val_path = o.val_path;
+  if (text.val_path.empty() && o.train_path.empty()) text.val_path = default_data_dir() + "/val.en.gz";
+  if (!text.val_path.empty()) {
+    text.val = read_lines(text.val_path);
   } else {
-    TP_CHECK(train_lines.size() >= 2, "train: {} has {} line(s); without --val, at least 2 are needed (the last "
-             "5% are held out for validation)", train_path, train_lines.size());
-    const size_t held = std::max<size_t>(1, train_lines.size() / 20);
-    val_lines.assign(train_lines.end() - static_cast<int64_t>(held), train_lines.end());
-    train_lines.resize(train_lines.size() - held);
-    val_path = fmt::format("the last {} lines of {}", held, train_path);
+    TP_CHECK(text.train.size() >= 2, "train: {} has {} line(s); without --val, at least 2 are needed (the last "
+             "5% are held out for validation)", text.train_path, text.train.size());
+    const size_t held = std::max<size_t>(1, text.train.size() / 20);
+    text.val.assign(text.train.end() - static_cast<int64_t>(held), text.train.end());
+    text.train.resize(text.train.size() - held);
+    text.val_path = fmt::format("the last {} lines of {}", held, text.train_path);
   }
-  if (o.limit > 0 && static_cast<size_t>(o.limit) < train_lines.size()) train_lines.resize(static_cast<size_t>(o.limit));
+  if (o.limit > 0 && static_cast<size_t>(o.limit) < text.train.size()) text.train.resize(static_cast<size_t>(o.limit));
+  return text;
+}
 
-  RunFolder folder(to.out_dir, to.resume, to.overwrite,
-                   {"spm.model", "spm.recipe", "gpt2", "train.ids", "val.ids", "ids.json", "config.toml"});
-  manual_seed(to.seed);
-  std::unique_ptr<LMTokenizer> tok;
-  if (o.tokenizer == "byte") {
-    tok = byte_tokenizer();
-  } else if (o.tokenizer == "sentencepiece") {
-    tok = sentencepiece_tokenizer(Subword::train_in_folder(to.out_dir, o.vocab_size, o.limit, to.seed, train_path,
-                                                           [&] { return train_lines; }));
-  } else {
-    // A copy of the vocabulary files goes into the run folder, so that it stands alone.
-    const std::string src = o.gpt2_dir.empty() ? default_gpt2_dir() : o.gpt2_dir, dst = to.out_dir + "/gpt2";
-    tok = gpt2_tokenizer(src);
-    if (dist::is_main()) {  // rank 0 writes the run folder
-      std::filesystem::create_directories(dst);
-      for (const char* f : {"encoder.json", "vocab.bpe"}) {
-        std::ifstream in(src + "/" + f, std::ios::binary);
-        write_file_atomic(dst + "/" + f, std::string((std::istreambuf_iterator<char>(in)),
-                                                         std::istreambuf_iterator<char>()));
-      }
+// The --tokenizer, trained (sentencepiece) or copied (gpt2's files) into the run folder, so that
+// the folder stands alone.
+std::unique_ptr<LMTokenizer> make_lm_tokenizer(const LMOptions& o, const LMText& text) {
+  const TrainerOptions& to = o.trainer;
+  if (o.tokenizer == "byte") return byte_tokenizer();
+  if (o.tokenizer == "sentencepiece")
+    return sentencepiece_tokenizer(Subword::train_in_folder(to.out_dir, o.vocab_size, o.limit, to.seed,
+                                                            text.train_path, [&] { return text.train; }));
+  const std::string src = o.gpt2_dir.empty() ? default_gpt2_dir() : o.gpt2_dir, dst = to.out_dir + "/gpt2";
+  std::unique_ptr<LMTokenizer> tok = gpt2_tokenizer(src);
+  if (dist::is_main()) {  // rank 0 writes the run folder
+    std::filesystem::create_directories(dst);
+    for (const char* f : {"encoder.json", "vocab.bpe"}) {
+      std::ifstream in(src + "/" + f, std::ios::binary);
+      write_file_atomic(dst + "/" + f, std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
     }
   }
-  const Stream train = encode_stream(*tok, train_lines), val = encode_stream(*tok, val_lines);
-  TP_CHECK(static_cast<int64_t>(train.ids.size()) > o.block, "train: {} gives {} tokens, fewer than one window of "
-           "--block {} + 1", train_path, train.ids.size(), o.block);
-  if (o.export_ids && dist::is_main()) {
-    write_ids(to.out_dir + "/train.ids", train.ids);
-    write_ids(to.out_dir + "/val.ids", val.ids);
-    write_file_atomic(to.out_dir + "/ids.json",
-                          fmt::format("{{\"vocab\": {}, \"train_tokens\": {}, \"val_tokens\": {}, \"val_bytes\": {}, "
-                                      "\"train_bytes\": {}, \"separator\": {}}}\n", tok->vocab_size(), train.ids.size(),
-                                      val.ids.size(), val.bytes, train.bytes, tok->separator()));
-  }
+  return tok;
+}
 
-  cfg = GPTConfig::named(o.config, tok->vocab_size());
-  cfg.block_size = o.block;
-  cfg.dropout = o.dropout;
-  GPT model(cfg);
-  model.to(training_device(o.device));  // before the optimizer, whose state follows the parameters
+// --export-ids: the token streams for tools/lm-compare.sh (int32), and what they hold.
+void export_streams(const std::string& dir, const LMTokenizer& tok, const Stream& train, const Stream& val) {
+  if (!dist::is_main()) return;
+  write_ids(dir + "/train.ids", train.ids);
+  write_ids(dir + "/val.ids", val.ids);
+  write_file_atomic(dir + "/ids.json",
+                    fmt::format("{{\"vocab\": {}, \"train_tokens\": {}, \"val_tokens\": {}, \"val_bytes\": {}, "
+                                "\"train_bytes\": {}, \"separator\": {}}}\n", tok.vocab_size(), train.ids.size(),
+                                val.ids.size(), val.bytes, train.bytes, tok.separator()));
+}
+
+// GPT's AdamW: betas (0.9, 0.95), weight decay on the matrices only.
+std::unique_ptr<optim::AdamW> gpt_adamw(GPT& model, const LMOptions& o) {
   optim::AdamOptions ao;
   ao.lr = o.lr, ao.beta1 = 0.9, ao.beta2 = 0.95, ao.eps = 1e-8, ao.weight_decay = o.weight_decay;
-  optim::AdamW adamw({{model.decay_parameters(), std::nullopt, o.weight_decay},
-                      {model.no_decay_parameters(), std::nullopt, 0.0}}, ao);
-  LMData data(model, train.ids, o.block, o.batch, to.seed);
-  const int64_t steps_per_epoch = data.plan(1);
-  const int64_t total_steps = steps_per_epoch * to.epochs;
-  optim::CosineSchedule schedule(o.lr, std::min(o.warmup, total_steps), total_steps, o.min_lr);
-  std::printf("train: language model on %s (%zu lines, %zu tokens, %lld bytes), val %s (%zu tokens), tokenizer %s "
-              "(vocabulary %lld), config %s (%lld layers, %lld heads, d_model %lld, %lld parameters), block %lld, "
-              "batch %lld, %lld epochs of %lld steps, AdamW lr %.2e -> %.2e (cosine, warmup %lld), weight decay %.2f\n",
-              train_path.c_str(), train_lines.size(), train.ids.size(), (long long)train.bytes, val_path.c_str(),
-              val.ids.size(), tok->name().c_str(), (long long)tok->vocab_size(), o.config.c_str(),
-              (long long)cfg.layers, (long long)cfg.heads, (long long)cfg.d_model, (long long)model.num_parameters(),
-              (long long)o.block, (long long)o.batch, (long long)to.epochs, (long long)steps_per_epoch, o.lr,
-              o.min_lr, (long long)std::min(o.warmup, total_steps), o.weight_decay);
-  std::fflush(stdout);
+  return std::make_unique<optim::AdamW>(
+      std::vector<optim::ParamGroup>{{model.decay_parameters(), std::nullopt, o.weight_decay},
+                                     {model.no_decay_parameters(), std::nullopt, 0.0}},
+      ao);
+}
 
-  to.recipe = table.recipe();  // and what follows from the options: the resolved data, the tokenizer's vocabulary
-  to.recipe.insert({{"task", "lm"}, {"tokenizer", tok->name()}, {"vocab", std::to_string(tok->vocab_size())},
-                    {"data", train_path}});
-  to.run_files = {{"config.toml", config_toml}};
-  to.model_metadata = {{"task", "lm"},
-                       {"tokenizer", tok->name()},
-                       {"vocab", std::to_string(cfg.vocab)},
-                       {"block_size", std::to_string(cfg.block_size)},
-                       {"layers", std::to_string(cfg.layers)},
-                       {"heads", std::to_string(cfg.heads)},
-                       {"d_model", std::to_string(cfg.d_model)},
-                       {"d_ff", std::to_string(cfg.ff_dim())},
-                       {"gelu_tanh", cfg.gelu_tanh ? "1" : "0"}};
-  to.curves_title = fmt::format("GPT {} on {} ({} tokens)", o.config, train_path, tok->name());
-  const auto start = std::chrono::steady_clock::now();
-  Trainer trainer(model, adamw, &schedule, to);
-  trainer.evaluate = [&](int64_t, int64_t) {
-    const double loss = stream_loss(model, val.ids, o.block, o.batch);
-    const double bpb = loss * static_cast<double>(val.ids.size() - 1) / std::log(2.0) / static_cast<double>(val.bytes);
-    return Metrics{{"val_loss", "val loss", loss, 4, "", false},
-                   {"val_bpb", "val bits/byte", bpb, 4, "", false},
-                   {"val_ppl", "val perplexity", std::exp(loss), 2, "", true}};
-  };
-  FitResult fit = trainer.fit(data);
+std::map<std::string, std::string> gpt_metadata(const GPTConfig& cfg, const LMTokenizer& tok) {
+  return {{"task", "lm"},
+          {"tokenizer", tok.name()},
+          {"vocab", std::to_string(cfg.vocab)},
+          {"block_size", std::to_string(cfg.block_size)},
+          {"layers", std::to_string(cfg.layers)},
+          {"heads", std::to_string(cfg.heads)},
+          {"d_model", std::to_string(cfg.d_model)},
+          {"d_ff", std::to_string(cfg.ff_dim())},
+          {"gelu_tanh", cfg.gelu_tanh ? "1" : "0"}};
+}
 
+// The run's figures, from the Trainer's result; the final line when the run finished.
+LMResult lm_result(const FitResult& fit, const GPT& model, const Stream& train, const Stream& val, double seconds) {
   LMResult r;
   r.steps = fit.steps, r.stopped = fit.stopped, r.interrupted = fit.interrupted;
   r.train_tokens = static_cast<int64_t>(train.ids.size()), r.val_tokens = static_cast<int64_t>(val.ids.size());
   r.val_bytes = val.bytes, r.parameters = model.num_parameters();
-  r.seconds = seconds_since(start);
+  r.seconds = seconds;
   int64_t tokens = 0;
   double train_seconds = 0;
   for (const EpochRecord& e : fit.epochs) {
@@ -306,6 +281,72 @@ LMResult train_language_model(const LMOptions& options) {
               r.tokens_per_s, clock_text(r.seconds).c_str(), r.peak_rss_mib);
   std::fflush(stdout);
   return r;
+}
+
+}  // namespace
+
+LMResult train_language_model(const LMOptions& options) {
+  LMOptions o = options;
+  const OptionTable table = options_table(o);
+  table.check();  // before the data are read, as the flags would be
+  TP_CHECK(o.min_lr <= o.lr, "train: --min-lr {} is above --lr {}", o.min_lr, o.lr);
+  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
+  const std::string config_toml = options_to_toml(o);  // refuses text TOML cannot hold, before anything is written
+  GPTConfig::named(o.config, 1);  // checks the name before the data are read
+  TrainerOptions to = o.trainer;
+
+  // Data.
+  const LMText text = read_lm_text(o);
+  RunFolder folder(to.out_dir, to.resume, to.overwrite,
+                   {"spm.model", "spm.recipe", "gpt2", "train.ids", "val.ids", "ids.json", "config.toml"});
+  manual_seed(to.seed);
+  const std::unique_ptr<LMTokenizer> tok = make_lm_tokenizer(o, text);
+  const Stream train = encode_stream(*tok, text.train), val = encode_stream(*tok, text.val);
+  TP_CHECK(static_cast<int64_t>(train.ids.size()) > o.block, "train: {} gives {} tokens, fewer than one window of "
+           "--block {} + 1", text.train_path, train.ids.size(), o.block);
+  if (o.export_ids) export_streams(to.out_dir, *tok, train, val);
+
+  // Model, optimizer and schedule.
+  GPTConfig cfg = GPTConfig::named(o.config, tok->vocab_size());
+  cfg.block_size = o.block;
+  cfg.dropout = o.dropout;
+  GPT model(cfg);
+  model.to(training_device(o.device));  // before the optimizer, whose state follows the parameters
+  const std::unique_ptr<optim::AdamW> adamw = gpt_adamw(model, o);
+  LMData data(model, train.ids, o.block, o.batch, to.seed);
+  const int64_t steps_per_epoch = data.plan(1), total_steps = steps_per_epoch * to.epochs;
+  optim::CosineSchedule schedule(o.lr, std::min(o.warmup, total_steps), total_steps, o.min_lr);
+  std::printf("train: language model on %s (%zu lines, %zu tokens, %lld bytes), val %s (%zu tokens), tokenizer %s "
+              "(vocabulary %lld), config %s (%lld layers, %lld heads, d_model %lld, %lld parameters), block %lld, "
+              "batch %lld, %lld epochs of %lld steps, AdamW lr %.2e -> %.2e (cosine, warmup %lld), weight decay %.2f\n",
+              text.train_path.c_str(), text.train.size(), train.ids.size(), (long long)train.bytes,
+              text.val_path.c_str(), val.ids.size(), tok->name().c_str(), (long long)tok->vocab_size(),
+              o.config.c_str(), (long long)cfg.layers, (long long)cfg.heads, (long long)cfg.d_model,
+              (long long)model.num_parameters(), (long long)o.block, (long long)o.batch, (long long)to.epochs,
+              (long long)steps_per_epoch, o.lr, o.min_lr, (long long)std::min(o.warmup, total_steps), o.weight_decay);
+  std::fflush(stdout);
+
+  // What the run folder records: the recipe (and what follows from the options: the resolved
+  // data, the tokenizer's vocabulary), config.toml, the model's shape.
+  to.recipe = table.recipe();
+  to.recipe.insert({{"task", "lm"}, {"tokenizer", tok->name()}, {"vocab", std::to_string(tok->vocab_size())},
+                    {"data", text.train_path}});
+  to.run_files = {{"config.toml", config_toml}};
+  to.model_metadata = gpt_metadata(cfg, *tok);
+  to.curves_title = fmt::format("GPT {} on {} ({} tokens)", o.config, text.train_path, tok->name());
+
+  // Metric; fit.
+  const auto start = std::chrono::steady_clock::now();
+  Trainer trainer(model, *adamw, &schedule, to);
+  trainer.evaluate = [&](int64_t, int64_t) {
+    const double loss = stream_loss(model, val.ids, o.block, o.batch);
+    const double bpb = loss * static_cast<double>(val.ids.size() - 1) / std::log(2.0) / static_cast<double>(val.bytes);
+    return Metrics{{"val_loss", "val loss", loss, 4, "", false},
+                   {"val_bpb", "val bits/byte", bpb, 4, "", false},
+                   {"val_ppl", "val perplexity", std::exp(loss), 2, "", true}};
+  };
+  const FitResult fit = trainer.fit(data);
+  return lm_result(fit, model, train, val, seconds_since(start));
 }
 
 LanguageModel load_language_model(const std::string& dir) {

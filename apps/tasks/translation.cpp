@@ -165,6 +165,47 @@ class TranslationData : public DataSource {
 
 }  // namespace
 
+namespace {
+
+// The Trainer's record, as the translation task reports it (rank 0 has the metrics).
+TranslationResult translation_result(const FitResult& fit) {
+  TranslationResult result;
+  result.stopped = fit.stopped, result.interrupted = fit.interrupted;
+  if (!dist::is_main()) return result;
+  for (const EpochRecord& e : fit.epochs)
+    result.epochs.push_back({e.epoch, e.steps, e.train_loss, metric(e.metrics, "val_loss"), metric(e.metrics, "val_bleu"),
+                             e.seconds, e.tokens_per_s});
+  result.skipped_steps = fit.skipped_steps;
+  result.best_val_bleu = fit.best_epoch ? fit.best_value : -1, result.best_epoch = fit.best_epoch;
+  result.averaged = fit.averaged;
+  return result;
+}
+
+// The final model (averaged or last), scored as the test set is, with beam search: on val, then
+// on test, with a few examples.
+void score_final_model(Transformer& model, const Subword& sp, const TranslationOptions& o, const ParallelCorpus& val,
+                       const ParallelCorpus& test, TranslationResult& result) {
+  const auto val_src = head(val.src, o.eval_limit), val_ref = head(val.tgt, o.eval_limit);
+  auto t_val = std::chrono::steady_clock::now();
+  auto val_score = corpus_bleu(translate_all(model, sp, val_src, o.beam, o.alpha), val_ref);
+  result.val_bleu = val_score.score;
+  std::printf("final model on %s (%zu sentences, beam %lld, alpha %.1f, %.0f s): %s\n", o.val_split.c_str(),
+              val_src.size(), (long long)o.beam, o.alpha, seconds_since(t_val), val_score.format().c_str());
+  auto t_test = std::chrono::steady_clock::now();
+  auto test_src = head(test.src, o.eval_limit), test_ref = head(test.tgt, o.eval_limit);
+  auto hyps = translate_all(model, sp, test_src, o.beam, o.alpha);
+  auto score = corpus_bleu(hyps, test_ref);
+  result.test_bleu = score.score;
+  result.test_bleu_line = score.format();
+  std::printf("final model on %s (%zu sentences, beam %lld, alpha %.1f, %.0f s): %s\n%s\n", o.test_split.c_str(),
+              test_src.size(), (long long)o.beam, o.alpha, seconds_since(t_test), score.format().c_str(),
+              BleuScore::signature().c_str());
+  for (size_t i = 0; i < std::min<size_t>(5, hyps.size()); ++i)
+    std::printf("  src: %s\n  ref: %s\n  hyp: %s\n", test_src[i].c_str(), test_ref[i].c_str(), hyps[i].c_str());
+}
+
+}  // namespace
+
 TranslationResult train_translation(const TranslationOptions& options) {
   TranslationOptions o = options;
   if (o.data_dir.empty()) o.data_dir = default_data_dir();
@@ -231,38 +272,11 @@ TranslationResult train_translation(const TranslationOptions& options) {
   TranslationData data(model, train_batches, to.seed, o.label_smoothing);
   FitResult fit = trainer.fit(data);
 
-  TranslationResult result;
+  TranslationResult result = translation_result(fit);
   // Under mpirun rank 0 evaluated, saved and reports; the other ranks' part ends with training.
-  if (!dist::is_main()) {
-    result.stopped = fit.stopped, result.interrupted = fit.interrupted;
-    return result;
-  }
-  for (const EpochRecord& e : fit.epochs)
-    result.epochs.push_back({e.epoch, e.steps, e.train_loss, metric(e.metrics, "val_loss"), metric(e.metrics, "val_bleu"),
-                             e.seconds, e.tokens_per_s});
-  result.stopped = fit.stopped, result.interrupted = fit.interrupted, result.skipped_steps = fit.skipped_steps;
-  result.best_val_bleu = fit.best_epoch ? fit.best_value : -1, result.best_epoch = fit.best_epoch;
-  result.averaged = fit.averaged;
-  if (fit.stopped || fit.interrupted) return result;
-
-  // The final model (averaged or last), scored as the test set is: on val, then on test.
-  auto t_val = std::chrono::steady_clock::now();
-  auto val_score = corpus_bleu(translate_all(model, sp, val_src, o.beam, o.alpha), val_ref);
-  result.val_bleu = val_score.score;
-  std::printf("final model on %s (%zu sentences, beam %lld, alpha %.1f, %.0f s): %s\n", o.val_split.c_str(),
-              val_src.size(), (long long)o.beam, o.alpha, seconds_since(t_val), val_score.format().c_str());
-  auto t_test = std::chrono::steady_clock::now();
-  auto test_src = head(test.src, o.eval_limit), test_ref = head(test.tgt, o.eval_limit);
-  auto hyps = translate_all(model, sp, test_src, o.beam, o.alpha);
-  auto score = corpus_bleu(hyps, test_ref);
-  result.test_bleu = score.score;
-  result.test_bleu_line = score.format();
-  std::printf("final model on %s (%zu sentences, beam %lld, alpha %.1f, %.0f s): %s\n%s\n", o.test_split.c_str(),
-              test_src.size(), (long long)o.beam, o.alpha, seconds_since(t_test), score.format().c_str(),
-              BleuScore::signature().c_str());
+  if (!dist::is_main() || fit.stopped || fit.interrupted) return result;
+  score_final_model(model, sp, o, val, test, result);
   std::printf("total time %s\n", clock_text(seconds_since(run_start)).c_str());
-  for (size_t i = 0; i < std::min<size_t>(5, hyps.size()); ++i)
-    std::printf("  src: %s\n  ref: %s\n  hyp: %s\n", test_src[i].c_str(), test_ref[i].c_str(), hyps[i].c_str());
   return result;
 }
 

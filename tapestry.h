@@ -9,6 +9,7 @@
 #include "tapestry/autograd/node.h"
 #include "tapestry/models/gpt.h"
 #include "tapestry/models/transformer.h"
+#include "tapestry/nn/init.h"
 #include "tapestry/nn/layers.h"
 #include "tapestry/nn/module.h"
 #include "tapestry/nn/safetensors.h"

@@ -38,22 +38,10 @@ void TransformerConfig::validate() const {
            pad_id);
 }
 
-EncoderLayer::EncoderLayer(const TransformerConfig& c) : pre_norm(c.pre_norm) {
-  self_attn = register_module("self_attn", std::make_shared<nn::MultiHeadAttention>(c.d_model, c.heads, c.dropout));
-  ff = register_module("ff", std::make_shared<nn::PositionwiseFeedForward>(c.d_model, c.d_ff, c.dropout));
-  norm1 = register_module("norm1", std::make_shared<nn::LayerNorm>(c.d_model));
-  norm2 = register_module("norm2", std::make_shared<nn::LayerNorm>(c.d_model));
-  dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
-}
-
-Tensor EncoderLayer::forward(const Tensor& x, const Tensor& mask) {
-  if (pre_norm) {
-    Tensor h = norm1->forward(x);
-    Tensor y = x + dropout->forward(self_attn->forward(h, h, h, mask));
-    return y + dropout->forward(ff->forward(norm2->forward(y)));
-  }
-  Tensor y = norm1->forward(x + dropout->forward(self_attn->forward(x, x, x, mask)));
-  return norm2->forward(y + dropout->forward(ff->forward(y)));
+nn::TransformerEncoderLayerOptions encoder_layer_options(const TransformerConfig& c) {
+  nn::TransformerEncoderLayerOptions o(c.d_model, c.heads);
+  o.dim_feedforward = c.d_ff, o.dropout = c.dropout, o.norm_first = c.pre_norm;
+  return o;
 }
 
 DecoderLayer::DecoderLayer(const TransformerConfig& c) : pre_norm(c.pre_norm) {
@@ -97,7 +85,7 @@ Transformer::Transformer(const TransformerConfig& c) : config(c) {
                   : register_module("tgt_embed", std::make_shared<nn::Embedding>(c.tgt_vocab, c.d_model, c.pad_id));
   pos = register_module("pos", std::make_shared<nn::PositionalEncoding>(c.d_model, c.dropout));
   encoder_layers = register_module("encoder", std::make_shared<nn::ModuleList>());
-  for (int64_t i = 0; i < c.enc_layers; ++i) encoder_layers->push_back(std::make_shared<EncoderLayer>(c));
+  for (int64_t i = 0; i < c.enc_layers; ++i) encoder_layers->push_back(std::make_shared<EncoderLayer>(encoder_layer_options(c)));
   decoder_layers = register_module("decoder", std::make_shared<nn::ModuleList>());
   for (int64_t i = 0; i < c.dec_layers; ++i) decoder_layers->push_back(std::make_shared<DecoderLayer>(c));
   if (c.pre_norm) {

@@ -26,16 +26,10 @@ struct TransformerConfig {
   void validate() const;  // throws tapestry::Error naming the bad field
 };
 
-class EncoderLayer : public nn::Module {
- public:
-  EncoderLayer(const TransformerConfig& c);
-  Tensor forward(const Tensor& x, const Tensor& src_mask);
-  std::shared_ptr<nn::MultiHeadAttention> self_attn;
-  std::shared_ptr<nn::PositionwiseFeedForward> ff;
-  std::shared_ptr<nn::LayerNorm> norm1, norm2;
-  std::shared_ptr<nn::Dropout> dropout;
-  bool pre_norm;
-};
+// The encoder block is nn::TransformerEncoderLayer (the zoo's one encoder block), configured from
+// the TransformerConfig: ReLU, post-norm unless pre_norm.
+using EncoderLayer = nn::TransformerEncoderLayer;
+nn::TransformerEncoderLayerOptions encoder_layer_options(const TransformerConfig& c);
 
 // Per-layer caches for incremental decoding.
 struct DecoderCache {

@@ -127,14 +127,71 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const
   return w_o->forward(ctx);
 }
 
-PositionwiseFeedForward::PositionwiseFeedForward(int64_t d_model, int64_t d_ff, double p) {
+namespace {
+const char* const kActivations = "relu, gelu, gelu_tanh, silu, tanh";
+}  // namespace
+
+void check_activation(const char* layer, const std::string& name) {
+  TP_CHECK(name == "relu" || name == "gelu" || name == "gelu_tanh" || name == "silu" || name == "tanh",
+           "{}: unknown activation '{}' (expected one of {})", layer, name, kActivations);
+}
+
+Tensor activation(const std::string& name, const Tensor& x) {
+  if (name == "relu") return relu(x);
+  if (name == "gelu") return gelu(x);
+  if (name == "gelu_tanh") return gelu(x, "tanh");
+  if (name == "silu") return x * sigmoid(x);
+  if (name == "tanh") return tanh(x);
+  check_activation("activation", name);
+  return x;  // not reached
+}
+
+PositionwiseFeedForward::PositionwiseFeedForward(int64_t d_model, int64_t d_ff, double p, std::string activation_)
+    : activation(std::move(activation_)) {
+  check_activation("PositionwiseFeedForward", activation);
   w_1 = register_module("w_1", std::make_shared<Linear>(d_model, d_ff));
   w_2 = register_module("w_2", std::make_shared<Linear>(d_ff, d_model));
   dropout = register_module("dropout", std::make_shared<Dropout>(p));
 }
 
 Tensor PositionwiseFeedForward::forward(const Tensor& x) const {
-  return w_2->forward(dropout->forward(relu(w_1->forward(x))));
+  return w_2->forward(dropout->forward(nn::activation(activation, w_1->forward(x))));
+}
+
+TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOptions& o) : norm_first(o.norm_first) {
+  TP_CHECK(o.d_model > 0 && o.nhead > 0 && o.dim_feedforward > 0,
+           "TransformerEncoderLayer: d_model {}, nhead {} and dim_feedforward {} must be positive", o.d_model, o.nhead,
+           o.dim_feedforward);
+  self_attn = register_module("self_attn", std::make_shared<MultiHeadAttention>(o.d_model, o.nhead, o.dropout));
+  ff = register_module("ff", std::make_shared<PositionwiseFeedForward>(o.d_model, o.dim_feedforward, o.dropout,
+                                                                       o.activation));
+  norm1 = register_module("norm1", std::make_shared<LayerNorm>(o.d_model, o.layer_norm_eps));
+  norm2 = register_module("norm2", std::make_shared<LayerNorm>(o.d_model, o.layer_norm_eps));
+  dropout = register_module("dropout", std::make_shared<Dropout>(o.dropout));
+}
+
+Tensor TransformerEncoderLayer::forward(const Tensor& x, const Tensor& mask, bool is_causal) {
+  if (norm_first) {
+    Tensor h = norm1->forward(x);
+    Tensor y = x + dropout->forward(self_attn->forward(h, h, h, mask, nullptr, false, is_causal));
+    return y + dropout->forward(ff->forward(norm2->forward(y)));
+  }
+  Tensor y = norm1->forward(x + dropout->forward(self_attn->forward(x, x, x, mask, nullptr, false, is_causal)));
+  return norm2->forward(y + dropout->forward(ff->forward(y)));
+}
+
+TransformerEncoder::TransformerEncoder(const TransformerEncoderLayerOptions& layer, int64_t num_layers,
+                                       bool final_norm) {
+  TP_CHECK(num_layers >= 0, "TransformerEncoder: num_layers must be >= 0, got {}", num_layers);
+  layers = register_module("layers", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < num_layers; ++i) layers->push_back(std::make_shared<TransformerEncoderLayer>(layer));
+  if (final_norm) norm = register_module("norm", std::make_shared<LayerNorm>(layer.d_model, layer.layer_norm_eps));
+}
+
+Tensor TransformerEncoder::forward(const Tensor& x, const Tensor& mask, bool is_causal) {
+  Tensor y = x;
+  for (size_t i = 0; i < layers->size(); ++i) y = layers->at<TransformerEncoderLayer>(i)->forward(y, mask, is_causal);
+  return norm ? norm->forward(y) : y;
 }
 
 PositionalEncoding::PositionalEncoding(int64_t d_model_, double p, int64_t max_len) : d_model(d_model_) {

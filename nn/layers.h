@@ -4,6 +4,8 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "tapestry/nn/module.h"
@@ -112,13 +114,90 @@ class MultiHeadAttention : public Module {
   void check_mask(const Tensor& mask, int64_t batch, int64_t tq, int64_t tk) const;
 };
 
-// FFN(x) = W_2 dropout(relu(W_1 x + b_1)) + b_2
+// The activations by name, as the layers below and PyTorch's `activation=` take them: "relu",
+// "gelu" (erf), "gelu_tanh" (the tanh approximation), "silu" (x * sigmoid(x)), "tanh".
+// An unknown name is an Error listing these.
+Tensor activation(const std::string& name, const Tensor& x);
+void check_activation(const char* layer, const std::string& name);
+
+// FFN(x) = W_2 dropout(act(W_1 x + b_1)) + b_2, act = relu (the paper's) or another activation.
 class PositionwiseFeedForward : public Module {
  public:
-  PositionwiseFeedForward(int64_t d_model, int64_t d_ff, double dropout = 0.0);
+  PositionwiseFeedForward(int64_t d_model, int64_t d_ff, double dropout = 0.0, std::string activation = "relu");
   Tensor forward(const Tensor& x) const;
   std::shared_ptr<Linear> w_1, w_2;
   std::shared_ptr<Dropout> dropout;
+  std::string activation;
+};
+
+// ---- activation modules (no parameters), so that Sequential can hold an MLP
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) const { return relu(x); }
+};
+class GELU : public Module {
+ public:
+  explicit GELU(std::string approximate = "none") : approximate(std::move(approximate)) {}
+  Tensor forward(const Tensor& x) const { return gelu(x, approximate); }
+  std::string approximate;  // "none" (erf) or "tanh", as torch.nn.GELU
+};
+class SiLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) const { return activation("silu", x); }
+};
+class Tanh : public Module {
+ public:
+  Tensor forward(const Tensor& x) const { return tanh(x); }
+};
+// Any function of one tensor as a module (libtorch's torch::nn::Functional):
+// seq.add(std::make_shared<Functional>([](const Tensor& x) { return x.flatten(1); })).
+class Functional : public Module {
+ public:
+  explicit Functional(std::function<Tensor(const Tensor&)> fn) : fn_(std::move(fn)) {}
+  Tensor forward(const Tensor& x) const { return fn_(x); }
+
+ private:
+  std::function<Tensor(const Tensor&)> fn_;
+};
+
+// ---- the Transformer encoder block, one class for every encoder in the zoo (the translation
+// Transformer's, the BERT-style text encoder's, the ViT's), under PyTorch's class names (its
+// parameters keep the translation Transformer's names: see below).
+// Fields and defaults as torch.nn.TransformerEncoderLayer's (batch first: inputs are [B, T, D]).
+struct TransformerEncoderLayerOptions {
+  TransformerEncoderLayerOptions(int64_t d_model, int64_t nhead) : d_model(d_model), nhead(nhead) {}
+  int64_t d_model, nhead;
+  int64_t dim_feedforward = 2048;
+  double dropout = 0.1;
+  std::string activation = "relu";  // see activation()
+  double layer_norm_eps = 1e-5;
+  bool norm_first = false;  // pre-norm: x + Dropout(Sublayer(LayerNorm(x)))
+};
+
+// Self-attention then the feed-forward network, each with dropout, a residual and a LayerNorm
+// (after, as the paper; before with norm_first). Parameters: self_attn.{w_q,w_k,w_v,w_o}, ff.{w_1,w_2},
+// norm1, norm2 (the translation Transformer's names, which its checkpoints and its PyTorch twin use).
+class TransformerEncoderLayer : public Module {
+ public:
+  explicit TransformerEncoderLayer(const TransformerEncoderLayerOptions& options);
+  // x [B, T, D] -> [B, T, D]. mask: bool, true = masked out (a key padding mask [B, 1, 1, T], an
+  // attention mask [T, T]), as torch.nn.TransformerEncoderLayer's src_mask; is_causal masks the future.
+  Tensor forward(const Tensor& x, const Tensor& mask = Tensor(), bool is_causal = false);
+  std::shared_ptr<MultiHeadAttention> self_attn;
+  std::shared_ptr<PositionwiseFeedForward> ff;
+  std::shared_ptr<LayerNorm> norm1, norm2;
+  std::shared_ptr<Dropout> dropout;
+  bool norm_first;
+};
+
+// num_layers blocks, registered as layers.0, layers.1, ..., then an optional final LayerNorm
+// ("norm": a pre-norm stack needs one), as torch.nn.TransformerEncoder(layer, num_layers, norm).
+class TransformerEncoder : public Module {
+ public:
+  TransformerEncoder(const TransformerEncoderLayerOptions& layer, int64_t num_layers, bool final_norm = false);
+  Tensor forward(const Tensor& x, const Tensor& mask = Tensor(), bool is_causal = false);
+  std::shared_ptr<ModuleList> layers;
+  std::shared_ptr<LayerNorm> norm;  // null without final_norm
 };
 
 // x + PE[offset : offset + T], then dropout. The table grows on demand, so any length works.

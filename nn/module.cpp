@@ -159,6 +159,18 @@ int64_t Module::num_parameters() const {
   return n;
 }
 
+Module& Module::apply(const std::function<void(Module&)>& fn) {
+  // A module registered under two names (a tied embedding) is visited once, as in PyTorch.
+  std::set<const Module*> seen;
+  std::function<void(Module&)> visit = [&](Module& m) {
+    if (!seen.insert(&m).second) return;
+    for (auto& [name, child] : m.children_) visit(*child);
+    fn(m);
+  };
+  visit(*this);
+  return *this;
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [n, m] : children_) m->train(on);

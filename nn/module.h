@@ -70,6 +70,10 @@ class Module {
   const std::string& path() const { return path_; }
   std::string describe(const char* type) const;
 
+  // Calls fn on every submodule (depth first, children before their parent) and then on this
+  // module, as PyTorch's Module.apply: model.apply(init_weights). Returns this module.
+  Module& apply(const std::function<void(Module&)>& fn);
+
   // train() turns dropout on (the default); eval() turns it off. Applies to every submodule.
   void train(bool on = true);
   void eval() { train(false); }

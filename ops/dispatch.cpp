@@ -73,7 +73,10 @@ void check_no_partial_overlap(const char* op, const Tensor& dst, const Tensor& s
            src.strides(), dst.sizes(), dst.strides());
 }
 
+// The checks below that take tensors look at their devices first (as the dispatcher then does),
+// so that tensors on two devices are reported as such before any dtype or shape rule.
 void check_binary(const char* op, Binary kind, const Tensor& a, const Tensor& b) {
+  common_device(op, {&a, &b});
   TP_CHECK(a.dtype() == b.dtype(), "{}: dtype mismatch: {} {} and {} {} (convert one with .to())", op, a.dtype(),
            a.sizes(), b.dtype(), b.sizes());
   if (a.dtype() == DType::Bool)
@@ -86,6 +89,7 @@ void check_binary(const char* op, Binary kind, const Tensor& a, const Tensor& b)
 
 // Shapes and dtypes; the target values are checked by each backend (on the host, or on the GPU).
 void check_cross_entropy(const Tensor& logits, const Tensor& target, double eps) {
+  common_device("cross_entropy", {&logits, &target});
   TP_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, classes], got shape {}", logits.sizes());
   TP_CHECK(target.dtype() == DType::Int64 && target.dim() == 1 && target.size(0) == logits.size(0),
            "cross_entropy: target must be int64 [{}] to match logits {}, got {} {}", logits.size(0), logits.sizes(),
@@ -125,6 +129,7 @@ void check_unary(const char* op, Unary kind, double p0, double p1) {
 }
 
 void check_where(const char* op, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  common_device(op, {&cond, &a, &b});
   TP_CHECK(cond.dtype() == DType::Bool, "{}: condition must be a bool mask, got {} {}", op, cond.dtype(),
            cond.sizes());
   TP_CHECK(a.dtype() == b.dtype(), "{}: dtype mismatch: {} {} and {} {}", op, a.dtype(), a.sizes(), b.dtype(),
@@ -140,6 +145,7 @@ void check_copy(const Tensor& dst, const Tensor& src) {
 }
 
 void check_cross_entropy_backward(const Tensor& logits, const Tensor& target, double smoothing, const Tensor& scale) {
+  common_device("cross_entropy_backward", {&logits, &target, &scale});
   check_cross_entropy(logits, target, smoothing);
   TP_CHECK(scale.dim() == 0 && scale.dtype() == logits.dtype(),
            "cross_entropy_backward: scale must be a 0-d {} tensor, got {} {}", logits.dtype(), scale.dtype(),

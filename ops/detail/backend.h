@@ -130,8 +130,9 @@ namespace tapestry::kernels::cpu {
 #include "tapestry/ops/detail/kernel_entries.h"
 }  // namespace tapestry::kernels::cpu
 
-// Defined by ops/cuda/ in a CUDA build, and by ops/no_cuda.cpp (each an Error saying how to get
-// CUDA) without one, so that the dispatcher routes alike in both builds.
+// Defined by ops/cuda/ in a CUDA build, and by ops/no_cuda.cpp without one (each an Error saying
+// how to get CUDA; unreachable, as no tensor can live on a GPU there), so that the dispatcher
+// routes alike in both builds.
 namespace tapestry::kernels::cuda {
 #include "tapestry/ops/detail/kernel_entries.h"
 }  // namespace tapestry::kernels::cuda

@@ -1,4 +1,4 @@
-// tapestry: the engine's public API in one include (ops, autograd, nn, optim, models). Data
+// tapestry: the engine's public API in one include (ops, autograd, nn, data, optim, models). Data
 // parallelism is a component of its own: <tapestry/dist/dist.h>, linked as tapestry::dist.
 #pragma once
 #include "tapestry/version.h"
@@ -7,8 +7,12 @@
 #include "tapestry/autograd/grad_mode.h"
 #include "tapestry/autograd/gradcheck.h"
 #include "tapestry/autograd/node.h"
+#include "tapestry/data/dataloader.h"
+#include "tapestry/data/idx.h"
+#include "tapestry/data/transforms.h"
 #include "tapestry/models/gpt.h"
 #include "tapestry/models/transformer.h"
+#include "tapestry/models/vit.h"
 #include "tapestry/nn/init.h"
 #include "tapestry/nn/layers.h"
 #include "tapestry/nn/module.h"

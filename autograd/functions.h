@@ -95,6 +95,10 @@ Tensor permute(const Tensor& a, const std::vector<int64_t>& dims);
 Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
 Tensor select(const Tensor& a, int64_t dim, int64_t index);
 Tensor expand(const Tensor& a, const Shape& shape);  // -1 keeps a dim
+// Every window of `size` elements along dim, `step` apart, as a new last dim of that size (a
+// view, as Tensor.unfold): [.., n, ..] -> [.., (n - size) / step + 1, .., size]. Windows may
+// overlap (step < size); the backward sums each element's gradient over its windows.
+Tensor unfold(const Tensor& a, int64_t dim, int64_t size, int64_t step);
 Tensor squeeze(const Tensor& a);
 Tensor squeeze(const Tensor& a, int64_t dim);
 Tensor unsqueeze(const Tensor& a, int64_t dim);
@@ -109,6 +113,13 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
 // gets no gradient, as in PyTorch.
 Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx = -1);
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
+// A copy of a with src's elements written (scatter) or added (scatter_add) at the indices along
+// dim, as torch.scatter / torch.scatter_add: out[..index[i][j]..][j] = src[i][j] for dim 0.
+// index has a's rank and is no larger than src in any dim, nor than a outside dim. Repeated
+// indices: scatter_add sums them; scatter keeps one (the last, on the CPU).
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, double value);
+Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor cat(const TensorList& tensors, int64_t dim = 0);
 Tensor stack(const TensorList& tensors, int64_t dim = 0);
 TensorList split(const Tensor& a, int64_t split_size, int64_t dim = 0);  // views; the last may be smaller

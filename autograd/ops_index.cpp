@@ -44,8 +44,59 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   Shape in = a.sizes();
   SavedTensor idx(index, "GatherBackward");
   return record("GatherBackward", out, {a}, [in, dim, idx](const Tensor& g) {
-    return TensorList{kernels::scatter_add(in, dim, idx.get(), g)};
+    return TensorList{kernels::scatter(in, dim, idx.get(), g, true)};
   });
+}
+
+namespace {
+
+// The checks torch.scatter makes, then src cut down to index's shape (PyTorch reads only that
+// corner of a larger src).
+Tensor scatter_source(const char* op, const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  TP_CHECK(index.dtype() == DType::Int64, "{}: index must be int64, got {} {}", op, index.dtype(), index.sizes());
+  TP_CHECK(src.dtype() == a.dtype(), "{}: src dtype {} must equal the input's {}", op, src.dtype(), a.dtype());
+  TP_CHECK(index.dim() == a.dim() && src.dim() == a.dim(),
+           "{}: input {}, index {} and src {} must have the same number of dims", op, a.sizes(), index.sizes(),
+           src.sizes());
+  Tensor cut = src;
+  for (int64_t d = 0; d < index.dim(); ++d) {
+    TP_CHECK(index.size(d) <= src.size(d), "{}: index shape {} exceeds src shape {} at dim {}", op, index.sizes(),
+             src.sizes(), d);
+    TP_CHECK(d == dim || index.size(d) <= a.size(d), "{}: index shape {} exceeds input shape {} at dim {}", op,
+             index.sizes(), a.sizes(), d);
+    if (index.size(d) < src.size(d)) cut = slice(cut, d, 0, index.size(d));
+  }
+  return cut;
+}
+
+// zeros(shape) with src scattered into it: the differentiable core of scatter and scatter_add,
+// whose gradient for src gathers the output's gradient back from the indices.
+Tensor scattered(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) {
+  Tensor out = kernels::scatter(shape, dim, index, src, accumulate);
+  SavedTensor idx(index, "ScatterBackward");
+  return record(accumulate ? "ScatterAddBackward" : "ScatterBackward", out, {src},
+                [dim, idx](const Tensor& g) { return TensorList{kernels::gather(g, dim, idx.get())}; });
+}
+
+}  // namespace
+
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  dim = wrap_dim("scatter", dim, a.dim());
+  Tensor cut = scatter_source("scatter", a, dim, index, src);
+  // Which elements receive a value: scatter 1s (no gradient) and test them.
+  Tensor marks = ones(index.sizes(), TensorOptions(DType::Float32, a.device()));
+  Tensor written = ne(kernels::scatter(a.sizes(), dim, index, marks, false), 0.0);
+  return where(written, scattered(a.sizes(), dim, index, cut, false), a);
+}
+
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, double value) {
+  return scatter(a, dim, index, full(index.sizes(), value, TensorOptions(a.dtype(), a.device())));
+}
+
+Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  dim = wrap_dim("scatter_add", dim, a.dim());
+  Tensor cut = scatter_source("scatter_add", a, dim, index, src);
+  return add(a, scattered(a.sizes(), dim, index, cut, true));
 }
 
 Tensor cat(const TensorList& tensors, int64_t dim) {

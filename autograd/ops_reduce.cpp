@@ -90,7 +90,7 @@ ValuesIndices extremum_dim(const char* op, const char* node, Reduce kind, const 
   Tensor idx = keepdim ? indices : unsqueeze(indices, dim);
   values = record(node, values, {a}, [in, dim, keepdim, idx](const Tensor& g) {
     Tensor gk = keepdim ? g : unsqueeze(g, dim);
-    return TensorList{kernels::scatter_add(in, dim, idx, gk)};
+    return TensorList{kernels::scatter(in, dim, idx, gk, true)};
   });
   return {values, indices};
 }

@@ -24,7 +24,7 @@ ValuesIndices selected_along(const char* node, const Tensor& a, int64_t dim, Ten
   Shape in = a.sizes();
   SavedTensor idx(indices, node);
   values = record(node, values, {a}, [in, dim, idx](const Tensor& g) {
-    return TensorList{kernels::scatter_add(in, dim, idx.get(), g)};
+    return TensorList{kernels::scatter(in, dim, idx.get(), g, true)};
   });
   return {values, indices};
 }

@@ -199,6 +199,42 @@ Tensor expand(const Tensor& a, const Shape& shape_in) {
   return record("ExpandBackward", alias(a, s, st, a.offset()), {a}, [](const Tensor& g) { return TensorList{g}; });
 }
 
+Tensor unfold(const Tensor& a, int64_t dim, int64_t size, int64_t step) {
+  dim = wrap_dim("unfold", dim, a.dim());
+  const int64_t n = a.dim() == 0 ? 1 : a.size(dim);
+  TP_CHECK(size >= 0, "unfold: size must be non-negative, got {}", size);
+  TP_CHECK(step > 0, "unfold: step must be positive, got {}", step);
+  TP_CHECK(size <= n, "unfold: window size {} exceeds dim {} of size {} (tensor shape {})", size, dim, n, a.sizes());
+  Shape s = a.sizes(), st = a.strides();
+  if (a.dim() == 0) {  // a 0-d tensor is one window of `size` (0 or 1) elements, as in PyTorch
+    s = {size};
+    st = {1};
+  } else {
+    const int64_t along = st[dim];
+    s[dim] = (n - size) / step + 1;
+    st[dim] = wrapping_add_mul(0, along, step);
+    s.push_back(size);
+    st.push_back(along);
+  }
+  Shape in = a.sizes();
+  const int64_t windows = a.dim() == 0 ? 1 : s[dim];
+  return record("UnfoldBackward", alias(a, s, st, a.offset()), {a}, [in, dim, size, step, windows](const Tensor& g) {
+    Tensor ga = zeros(in, g.options());
+    if (in.empty()) {
+      if (size == 1) kernels::copy_(ga, reshape(g, {}));
+      return TensorList{ga};
+    }
+    // Element k of every window: a step-strided slice of the input, which no two windows'
+    // k-th elements share, so each k is one in-place add.
+    const int64_t last = g.dim() - 1;
+    for (int64_t k = 0; k < size && windows > 0; ++k) {
+      Tensor dst = slice(ga, dim, k, k + (windows - 1) * step + 1, step);
+      kernels::binary_("unfold", kernels::Binary::Add, dst, select(g, last, k));
+    }
+    return TensorList{ga};
+  });
+}
+
 Tensor squeeze(const Tensor& a) {
   Shape s, st;
   for (int64_t d = 0; d < a.dim(); ++d)

@@ -135,6 +135,18 @@ Tensor Tensor::var(const std::vector<int64_t>& dims, int64_t correction, bool ke
 }
 Tensor Tensor::index_select(int64_t dim, const Tensor& index) const { return tapestry::index_select(*this, dim, index); }
 Tensor Tensor::gather(int64_t dim, const Tensor& index) const { return tapestry::gather(*this, dim, index); }
+Tensor Tensor::scatter(int64_t dim, const Tensor& index, const Tensor& src) const {
+  return tapestry::scatter(*this, dim, index, src);
+}
+Tensor Tensor::scatter(int64_t dim, const Tensor& index, double value) const {
+  return tapestry::scatter(*this, dim, index, value);
+}
+Tensor Tensor::scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const {
+  return tapestry::scatter_add(*this, dim, index, src);
+}
+Tensor Tensor::unfold(int64_t dim, int64_t size, int64_t step) const {
+  return tapestry::unfold(*this, dim, size, step);
+}
 Tensor Tensor::tril(int64_t diagonal) const { return tapestry::tril(*this, diagonal); }
 Tensor Tensor::triu(int64_t diagonal) const { return tapestry::triu(*this, diagonal); }
 Tensor Tensor::cumsum(int64_t dim) const { return tapestry::cumsum(*this, dim); }

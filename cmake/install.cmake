@@ -6,7 +6,7 @@ include(CMakePackageConfigHelpers)
 # Only the public headers: the engine's folders without their internals (ops/detail/: the kernel
 # entries, backends' shared rules and math; ops/cpu/ and ops/cuda/: the backends), which no public
 # header includes (tools/check-layers.py checks it).
-foreach(part ops autograd nn optim models dist)
+foreach(part ops autograd nn data optim models dist)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${part}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tapestry/${part}
           FILES_MATCHING PATTERN "*.h" PATTERN "detail" EXCLUDE PATTERN "cpu" EXCLUDE PATTERN "cuda" EXCLUDE)
 endforeach()

@@ -136,6 +136,20 @@ void check_activation(const char* layer, const std::string& name) {
            "{}: unknown activation '{}' (expected one of {})", layer, name, kActivations);
 }
 
+Tensor unfold(const Tensor& x, std::array<int64_t, 2> kernel_size, std::array<int64_t, 2> stride) {
+  TP_CHECK(x.dim() == 4, "unfold: input must be [B, C, H, W], got shape {}", x.sizes());
+  const auto [kh, kw] = kernel_size;
+  const auto [sh, sw] = stride;
+  TP_CHECK(kh > 0 && kw > 0 && sh > 0 && sw > 0, "unfold: kernel_size ({}, {}) and stride ({}, {}) must be positive",
+           kh, kw, sh, sw);
+  TP_CHECK(kh <= x.size(2) && kw <= x.size(3), "unfold: kernel_size ({}, {}) exceeds the image {} of input {}", kh, kw,
+           Shape{x.size(2), x.size(3)}, x.sizes());
+  // [B, C, oh, ow, kh, kw] -> [B, C, kh, kw, oh, ow] -> [B, C*kh*kw, oh*ow]
+  Tensor blocks = x.unfold(2, kh, sh).unfold(3, kw, sw);
+  const int64_t B = x.size(0), C = x.size(1), oh = blocks.size(2), ow = blocks.size(3);
+  return blocks.permute({0, 1, 4, 5, 2, 3}).reshape({B, C * kh * kw, oh * ow});
+}
+
 Tensor activation(const std::string& name, const Tensor& x) {
   if (name == "relu") return relu(x);
   if (name == "gelu") return gelu(x);

@@ -2,6 +2,7 @@
 // its parameters under the names the PyTorch reference uses, and whose forward() is plain
 // autograd code. Shapes: B batch, T time (tokens), D d_model, H heads, K = D / H per head.
 #pragma once
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -119,6 +120,13 @@ class MultiHeadAttention : public Module {
 // An unknown name is an Error listing these.
 Tensor activation(const std::string& name, const Tensor& x);
 void check_activation(const char* layer, const std::string& name);
+
+// Sliding blocks of a batch of images, as torch.nn.functional.unfold (no padding or dilation):
+// x [B, C, H, W] -> [B, C * kh * kw, L], L = oh * ow blocks in row-major order, each block's
+// values ordered (channel, row, column) as a Conv2d weight [out, C, kh, kw] flattens. With
+// stride = kernel these are a ViT's non-overlapping patches (transpose(1, 2): [B, L, C*kh*kw]).
+// A composite of Tensor::unfold views, so its gradient comes with them.
+Tensor unfold(const Tensor& x, std::array<int64_t, 2> kernel_size, std::array<int64_t, 2> stride);
 
 // FFN(x) = W_2 dropout(act(W_1 x + b_1)) + b_2, act = relu (the paper's) or another activation.
 class PositionwiseFeedForward : public Module {

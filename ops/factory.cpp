@@ -129,6 +129,24 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts
   return finish(t, opts);
 }
 
+Tensor randperm(int64_t n, TensorOptions opts, Generator* gen) {
+  TP_CHECK(n >= 0, "randperm: n must be non-negative, got {}", n);
+  TP_CHECK(opts.dtype != DType::Bool, "randperm: a permutation cannot be bool");
+  TP_CHECK(opts.dtype == DType::Int64 || n <= (int64_t{1} << 24) || opts.dtype == DType::Float64,
+           "randperm: n = {} is too large for exact {} values", n, opts.dtype);
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  std::mt19937_64& engine = (gen ? *gen : default_generator()).engine();
+  // Fisher-Yates, from the back; each swap partner is drawn uniformly from [0, i].
+  for (int64_t i = n - 1; i > 0; --i) {
+    std::uniform_int_distribution<int64_t> pick(0, i);
+    std::swap(order[i], order[pick(engine)]);
+  }
+  Tensor t = kernels::to_dtype(tensor(order, {n}), opts.dtype);
+  opts.requires_grad = opts.requires_grad && opts.dtype != DType::Int64;
+  return finish(t, opts);
+}
+
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
   Shape s = broadcast_shapes("allclose", a.sizes(), b.sizes());
   // Both broadcast to s by copying (kernels::copy_ broadcasts; no view op, which would record).

@@ -52,6 +52,9 @@ Tensor randn(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullp
 Tensor rand(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts = DType::Int64,
                Generator* gen = nullptr);
+// A random permutation of 0 .. n-1 (Fisher-Yates from the generator: the same seed, the same
+// order on every device), int64 unless opts say another dtype.
+Tensor randperm(int64_t n, TensorOptions opts = DType::Int64, Generator* gen = nullptr);
 
 // Elementwise closeness |a - b| <= atol + rtol * |b| (after broadcasting), like torch.allclose.
 bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);

@@ -127,6 +127,7 @@ class Tensor {
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
   Tensor select(int64_t dim, int64_t index) const;
+  Tensor unfold(int64_t dim, int64_t size, int64_t step) const;
   Tensor expand(const Shape& shape) const;
   Tensor expand_as(const Tensor& other) const;
   Tensor squeeze() const;
@@ -195,6 +196,9 @@ class Tensor {
   Tensor var(const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false) const;
   Tensor index_select(int64_t dim, const Tensor& index) const;
   Tensor gather(int64_t dim, const Tensor& index) const;
+  Tensor scatter(int64_t dim, const Tensor& index, const Tensor& src) const;
+  Tensor scatter(int64_t dim, const Tensor& index, double value) const;
+  Tensor scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const;
   Tensor tril(int64_t diagonal = 0) const;
   Tensor triu(int64_t diagonal = 0) const;
   Tensor cumsum(int64_t dim) const;

@@ -352,6 +352,90 @@ SampleFn gather_samples(int64_t dim) {
   };
 }
 
+// scatter / scatter_add along `dim` of a [3, 4] input (and a few other shapes). `distinct` gives
+// index rows whose entries along dim never repeat (scatter: with repeats one value wins, so the
+// forward differs by backend and the gradient is not the numerical one).
+Tensor distinct_index(Generator& g, const Shape& a, const Shape& idx, int64_t dim) {
+  // 2-D: each line along dim holds the first idx[dim] entries of a fresh permutation of 0 .. n-1.
+  const int64_t n = a[dim], rows = idx[0], cols = idx[1];
+  std::vector<int64_t> values(static_cast<size_t>(rows * cols));
+  for (int64_t line = 0; line < (dim == 0 ? cols : rows); ++line) {
+    std::vector<int64_t> p = randperm(n, kInt64, &g).to_vector<int64_t>();
+    for (int64_t k = 0; k < idx[dim]; ++k) values[dim == 0 ? k * cols + line : line * cols + k] = p[k];
+  }
+  return i64(values, idx);
+}
+
+bool scatter_error(const Tensor& a, int64_t dim, const Tensor& idx, const Tensor& src) {
+  if (!dim_ok(dim, a.dim())) return true;
+  if (idx.dtype() != kInt64 || src.dtype() != a.dtype()) return true;
+  if (idx.dim() != a.dim() || src.dim() != a.dim()) return true;
+  const int64_t w = wrapped(dim, a.dim());
+  for (int64_t d = 0; d < a.dim(); ++d) {
+    if (idx.size(d) > src.size(d)) return true;
+    if (d != w && idx.size(d) > a.size(d)) return true;
+  }
+  const int64_t n = a.dim() == 0 ? 1 : a.size(w);
+  for (int64_t v : idx.to_vector<int64_t>())
+    if (v < 0 || v >= n) return true;
+  return false;
+}
+
+SampleFn scatter_samples(int64_t dim, bool accumulate) {
+  return [dim, accumulate](Generator& g) {
+    const int64_t w = wrapped(dim, 2);
+    Shape small = {3, 4};
+    small[w] = 2;  // index and src: 2 entries along dim, all of the other dim
+    auto idx = [&](const Shape& a, const Shape& i) { return distinct_index(g, a, i, w); };
+    std::vector<std::pair<std::string, TensorList>> c = {
+        {"[3, 4], index and src " + fmt::format("{}", small), {draw(g, {3, 4}), idx({3, 4}, small), draw(g, small)}},
+        {"src larger than index [3, 5]", {draw(g, {3, 4}), idx({3, 4}, small), draw(g, {3, 5})}},
+        {"index [1, 2]", {draw(g, {3, 4}), idx({3, 4}, {1, 2}), draw(g, {2, 3})}},
+        {"empty index [0, 4]", {draw(g, {3, 4}), i64({}, {0, 4}), draw(g, {0, 4})}},
+        {"empty input [0, 4]", {draw(g, {0, 4}), i64({}, {0, 4}), draw(g, {0, 4})}},
+        {"transposed input", {transposed(draw(g, {4, 3})), idx({3, 4}, small), draw(g, small)}},
+        {"transposed index and src",
+         {draw(g, {3, 4}), transposed(contiguous(transposed(idx({3, 4}, small)))), transposed(draw(g, {small[1], small[0]}))}},
+        {"expanded input [1, 4] -> [3, 4]", {expanded(draw(g, {1, 4}), {3, 4}), idx({3, 4}, small), draw(g, small)}},
+        {"float32", {draw(g, {3, 4}, Dom::Real, kFloat32), idx({3, 4}, small), draw(g, small, Dom::Real, kFloat32)}},
+        {"int64", {i64({3, -1, 4, 1, -5, 9, 2, -6, 5, 3, 5, 0}, {3, 4}), idx({3, 4}, small), ints(g, -9, 9, small)}},
+        {"index out of range", {draw(g, {3, 4}), i64({0, 5}, {1, 2}), draw(g, {1, 2})}},
+        {"negative index", {draw(g, {3, 4}), i64({-1}, {1, 1}), draw(g, {1, 1})}},
+        {"index of another rank", {draw(g, {3, 4}), i64({0, 1}, {2}), draw(g, {2})}},
+        {"index larger than src", {draw(g, {3, 4}), idx({3, 4}, small), draw(g, {1, 1})}},
+        {"float index", {draw(g, {3, 4}), draw(g, small), draw(g, small)}},
+        {"src of another dtype", {draw(g, {3, 4}), idx({3, 4}, small), draw(g, small, Dom::Real, kFloat32)}},
+    };
+    if (w == 0) c.push_back({"0-d", {draw(g, {}), i64({0}, {}), draw(g, {})}});
+    std::vector<Sample> s;
+    for (auto& [desc, in] : c) s.push_back(flag(desc, in, scatter_error(in[0], dim, in[1], in[2])));
+    // Repeated indices: scatter_add sums them; scatter keeps one, so its src is expanded (all
+    // repeats carry one value, whichever wins) and skips gradcheck.
+    Tensor repeats = zeros(small, kInt64);
+    if (accumulate) {
+      s.push_back(ok("repeated indices", {draw(g, {3, 4}), repeats, draw(g, small)}));
+    } else {
+      Shape one = small;
+      one[w] = 1;
+      s.push_back(nog("repeated indices, equal values", {draw(g, {3, 4}), repeats, expanded(draw(g, one), small)},
+                      "one of the repeated writes wins: the gradient reaches each"));
+    }
+    s.push_back(nog("inf and NaN in src", {draw(g, {3, 4}), idx({3, 4}, small), full(small, kNaN, kFloat64)},
+                    "non-finite inputs"));
+    return s;
+  };
+}
+
+// unfold(dim, size, step): PyTorch raises for a dim out of range or a window longer than the dim
+// (a 0-d input is one element).
+Pred unfold_error(int64_t dim, int64_t size) {
+  return [dim, size](const Tensor& x) {
+    if (!dim_ok(dim, x.dim())) return true;
+    const int64_t n = x.dim() == 0 ? 1 : x.size(wrapped(dim, x.dim()));
+    return size > n;
+  };
+}
+
 // sort, argsort and cumsum along `dim`: PyTorch raises only for a dim out of range. With
 // `ties_matter` (sort), inputs whose elements tie (expanded ones included) skip gradcheck: the
 // sort is not differentiable where two elements are equal.
@@ -862,6 +946,14 @@ void add_shape_rows(std::vector<OpInfo>& t) {
                                      ok("[4] as [2, 3, 4]", {draw(g, {4}), draw(g, {2, 3, 4})}),
                                      err("[2, 3] as [3, 3]", {draw(g, {2, 3}), draw(g, {3, 3})})};
         }});
+  entry("unfold_dim0_2_1", "a.unfold(0, 2, 1)", one([](X x) { return unfold(x[0], 0, 2, 1); }), {true},
+        {shape_samples(unfold_error(0, 2))});
+  entry("unfold_dim-1_2_2", "a.unfold(-1, 2, 2)", one([](X x) { return x[0].unfold(-1, 2, 2); }), {true},
+        {shape_samples(unfold_error(-1, 2))});
+  entry("unfold_dim1_3_1_overlapping", "a.unfold(1, 3, 1)", one([](X x) { return unfold(x[0], 1, 3, 1); }), {true},
+        {shape_samples(unfold_error(1, 3))});
+  entry("unfold_dim0_1_3", "a.unfold(0, 1, 3)", one([](X x) { return unfold(x[0], 0, 1, 3); }), {true},
+        {shape_samples(unfold_error(0, 1))});
   entry("squeeze_all", "a.squeeze()", one([](X x) { return squeeze(x[0]); }), {true}, {shape_samples(never)});
   entry("squeeze_dim1", "a.squeeze(1)", one([](X x) { return squeeze(x[0], 1); }), {true},
         {shape_samples(rank_lt(2))});
@@ -899,6 +991,22 @@ void add_shape_rows(std::vector<OpInfo>& t) {
         {gather_samples(0)});
   entry("gather_dim-1", "a.gather(-1, b)", one([](X x) { return gather(x[0], -1, x[1]); }), {true, false},
         {gather_samples(-1)});
+  entry("scatter_dim0", "torch.scatter(a, 0, b, c)", one([](X x) { return scatter(x[0], 0, x[1], x[2]); }),
+        {true, false, true}, {scatter_samples(0, false)});
+  entry("scatter_dim-1", "a.scatter(-1, b, c)", one([](X x) { return x[0].scatter(-1, x[1], x[2]); }),
+        {true, false, true}, {scatter_samples(-1, false)});
+  entry("scatter_value", "a.scatter(1, b, 2.5)", one([](X x) { return scatter(x[0], 1, x[1], 2.5); }), {true, false},
+        {[](Generator& g) {
+          return std::vector<Sample>{
+              ok("[3, 4], index [3, 2]", {draw(g, {3, 4}), distinct_index(g, {3, 4}, {3, 2}, 1)}),
+              ok("repeated indices", {draw(g, {3, 4}), zeros({2, 3}, kInt64)}),
+              ok("empty index", {draw(g, {3, 4}), i64({}, {3, 0})}),
+              err("index 4", {draw(g, {3, 4}), i64({4}, {1, 1})})};
+        }});
+  entry("scatter_add_dim0", "torch.scatter_add(a, 0, b, c)",
+        one([](X x) { return scatter_add(x[0], 0, x[1], x[2]); }), {true, false, true}, {scatter_samples(0, true)});
+  entry("scatter_add_dim1", "a.scatter_add(1, b, c)", one([](X x) { return x[0].scatter_add(1, x[1], x[2]); }),
+        {true, false, true}, {scatter_samples(1, true)});
   auto embedding_samples = [](Generator& g) {
     return std::vector<Sample>{
         ok("weight [5, 3], ids [2, 3]", {draw(g, {5, 3}), ints(g, 0, 5, {2, 3})}),

@@ -1,4 +1,4 @@
-// `tapestry train --task copy|multi30k|lm`: each task's flags come from its option table
+// `tapestry train --task copy|multi30k|lm|image`: each task's flags come from its option table
 // (apps/train/option_table.h). A flag is registered once for all the tasks that have it; after
 // parsing, the given ones are applied to the chosen task's table, which checks them, and a flag
 // the task lacks is refused by name. The help shows each task's default.
@@ -9,6 +9,7 @@
 #include <set>
 
 #include "apps/tasks/copy_task.h"
+#include "apps/tasks/image_classification.h"
 #include "apps/tasks/language_model.h"
 #include "apps/tasks/translation.h"
 #include "tapestry/tapestry.h"
@@ -18,7 +19,9 @@ namespace tapestry::tools {
 
 namespace {
 
-// The tables' rows point into copy, mt and lm: TrainFlags stays where it was made (a shared_ptr).
+const std::vector<const char*> kTasks = {"copy", "multi30k", "lm", "image"};
+
+// The tables' rows point into copy, mt, lm and image: TrainFlags stays where it was made (a shared_ptr).
 struct TrainFlags {
   TrainFlags() = default;
   TrainFlags(const TrainFlags&) = delete;
@@ -28,6 +31,7 @@ struct TrainFlags {
   apps::CopyTaskOptions copy;
   apps::TranslationOptions mt;
   apps::LMOptions lm;
+  apps::ImageOptions image;
   std::map<std::string, apps::OptionTable> tables;  // by task, bound to the options above
   // What the command line (and config file) gave, by flag: values as text, switches as bools.
   std::map<std::string, CLI::Option*> options;
@@ -69,8 +73,9 @@ int run_train(TrainFlags& f) {
     return 0;
   }
   if (f.task == "copy") return run_copy(f.copy);
-  const int interrupted = f.task == "lm" ? apps::train_language_model(f.lm).interrupted
-                                         : apps::train_translation(f.mt).interrupted;
+  const int interrupted = f.task == "lm"      ? apps::train_language_model(f.lm).interrupted
+                          : f.task == "image" ? apps::train_image_classifier(f.image).interrupted
+                                              : apps::train_translation(f.mt).interrupted;
   return interrupted ? 128 + interrupted : 0;
 }
 
@@ -106,20 +111,21 @@ Subcommand add_train(CLI::App& app) {
   train->add_option("--config-file", f->config_file,
                     "read options from a TOML file of `flag = value` lines (a run's config.toml); flags override it");
   train->add_option("--task", f->task,
-                    "copy (the Annotated Transformer's copy task), multi30k (German to English) or lm (a GPT "
-                    "language model on any text)")
-      ->check(CLI::IsMember({"copy", "multi30k", "lm"}))
+                    "copy (the Annotated Transformer's copy task), multi30k (German to English), lm (a GPT "
+                    "language model on any text) or image (a Vision Transformer on MNIST-layout images)")
+      ->check(CLI::IsMember(std::vector<std::string>(kTasks.begin(), kTasks.end())))
       ->capture_default_str();
   train->add_flag("--quick", f->quick, "multi30k: the quick recipe, which shows learning in minutes (docs/training.md)");
   train->add_flag("--print-config", f->print_config, "print the options as TOML and exit");
   f->tables.emplace("copy", apps::options_table(f->copy));
   f->tables.emplace("multi30k", apps::options_table(f->mt));
   f->tables.emplace("lm", apps::options_table(f->lm));
+  f->tables.emplace("image", apps::options_table(f->image));
 
   // Each flag once, in the order the tasks list them, with the tasks that take it.
   std::vector<std::string> order;
   std::map<std::string, std::vector<std::pair<std::string, const apps::OptionRow*>>> by_flag;
-  for (const char* task : {"copy", "multi30k", "lm"})
+  for (const char* task : kTasks)
     for (const apps::OptionRow& row : f->tables.at(task).rows()) {
       if (by_flag[row.flag].empty()) order.push_back(row.flag);
       by_flag[row.flag].emplace_back(task, &row);
@@ -140,7 +146,7 @@ Subcommand add_train(CLI::App& app) {
     for (size_t i = 0; helps.size() > 1 && i < helps.size(); ++i)
       help += (i ? "; " : "") + helps[i].first + ": " + helps[i].second;
     CLI::App* where = train;
-    if (rows.size() < 3) {
+    if (rows.size() < kTasks.size()) {
       auto& group = groups[tasks];
       if (!group) group = train->add_option_group("only " + tasks);
       where = group;

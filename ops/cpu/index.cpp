@@ -1,5 +1,5 @@
 // CPU indexing kernels: index_select / index_add (embedding lookup and its backward), gather /
-// scatter_add, and cat. Index values are range-checked before any work starts, so a bad index
+// scatter(_add), and cat. Index values are range-checked before any work starts, so a bad index
 // throws a tapestry::Error naming the op, the index and the size, never a crash.
 #include "tapestry/ops/cpu/loops.h"
 #include "tapestry/ops/factory.h"
@@ -115,28 +115,31 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   return out;
 }
 
-Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
-  TP_PROFILE("scatter_add");
-  dim = wrap_dim("scatter_add", dim, static_cast<int64_t>(shape.size()));
-  check_gather_shapes("scatter_add", shape, dim, index);
-  check_index("scatter_add", index, shape.empty() ? 1 : shape[dim], dim, shape);
-  TP_CHECK(src.sizes() == index.sizes(), "scatter_add: src shape {} must equal index shape {}", src.sizes(),
-           index.sizes());
+Tensor scatter(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) {
+  const char* op = accumulate ? "scatter_add" : "scatter";
+  TP_PROFILE(op);
+  dim = wrap_dim(op, dim, static_cast<int64_t>(shape.size()));
+  check_gather_shapes(op, shape, dim, index);
+  check_index(op, index, shape.empty() ? 1 : shape[dim], dim, shape);
+  TP_CHECK(src.sizes() == index.sizes(), "{}: src shape {} must equal index shape {}", op, src.sizes(), index.sizes());
   Tensor out = zeros(shape, src.options());
   Shape o_strides = out.strides();
   const int64_t dim_stride = shape.empty() ? 0 : o_strides[dim];
   if (!shape.empty()) o_strides[dim] = 0;
-  dispatch_numeric(src.dtype(), "scatter_add", [&](auto tag) {
+  dispatch_numeric(src.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* ps = src.data_ptr<T>();
     const int64_t* pi = index.data_ptr<int64_t>();
     T* po = out.data_ptr<T>();
-    // Serial: two index entries may add into one element.
+    // Serial: two index entries may write one element (summed, or the last one kept).
     cpu::strided_apply<3>(
         index.sizes(), {o_strides, index.strides(), src.strides()},
         [&](const std::array<int64_t, 3>& off, const std::array<int64_t, 3>& st, int64_t n) {
-          for (int64_t i = 0; i < n; ++i)
-            po[off[0] + i * st[0] + pi[off[1] + i * st[1]] * dim_stride] += ps[off[2] + i * st[2]];
+          for (int64_t i = 0; i < n; ++i) {
+            T& dst = po[off[0] + i * st[0] + pi[off[1] + i * st[1]] * dim_stride];
+            const T v = ps[off[2] + i * st[2]];
+            dst = accumulate ? dst + v : v;
+          }
         },
         INT64_MAX);
   });

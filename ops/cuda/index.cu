@@ -1,5 +1,5 @@
 // CUDA indexing kernels: index_select / index_add (embedding lookup and its backward), gather /
-// scatter_add, and cat.
+// scatter(_add), and cat.
 //
 // Design:
 // - Shape and dtype checks are the CPU's (ops/cpu/index.cpp), with its messages. Index values are
@@ -108,17 +108,21 @@ __global__ void gather_kernel(StridedIndexer<2> ix, T* out, const T* a, const in
   }
 }
 
-// out += src at the index value along dim. ix walks index's shape: operand 0 is out with the
+// out += src (or out = src) at the index value along dim. ix walks index's shape: operand 0 is out with the
 // dim's stride zeroed, 1 is index, 2 is src.
-template <class T>
-__global__ void scatter_add_kernel(StridedIndexer<3> ix, T* out, const T* src, const int64_t* index, int64_t size,
+template <class T, bool Accumulate>
+__global__ void scatter_kernel(StridedIndexer<3> ix, T* out, const T* src, const int64_t* index, int64_t size,
                                    int64_t dim_stride, int64_t n, DeviceError* flag, int opid) {
   TP_GRID_STRIDE(i, n) {
     int64_t off[3];
     ix.offsets(i, off);
     const int64_t v = index[off[1]];
     if (!index_ok(v, size, flag, opid)) continue;
-    atomic_add(out + off[0] + v * dim_stride, src[off[2]]);
+    if constexpr (Accumulate) {
+      atomic_add(out + off[0] + v * dim_stride, src[off[2]]);
+    } else {
+      out[off[0] + v * dim_stride] = src[off[2]];  // duplicates: one of the stores wins
+    }
   }
 }
 
@@ -214,26 +218,33 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   return out;
 }
 
-Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
-  dim = wrap_dim("scatter_add", dim, static_cast<int64_t>(shape.size()));
-  check_gather_shapes("scatter_add", shape, dim, index);
-  check_index_dtype("scatter_add", index);
-  TP_CHECK(src.sizes() == index.sizes(), "scatter_add: src shape {} must equal index shape {}", src.sizes(),
-           index.sizes());
-  Tensor out = zeros_on("scatter_add", shape, src.dtype(), src.device());
+Tensor scatter(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) {
+  const char* op = accumulate ? "scatter_add" : "scatter";
+  dim = wrap_dim(op, dim, static_cast<int64_t>(shape.size()));
+  check_gather_shapes(op, shape, dim, index);
+  check_index_dtype(op, index);
+  TP_CHECK(src.sizes() == index.sizes(), "{}: src shape {} must equal index shape {}", op, src.sizes(), index.sizes());
+  Tensor out = zeros_on(op, shape, src.dtype(), src.device());
   Shape o_strides = out.strides();
   const int64_t size = shape.empty() ? 1 : shape[dim];
   const int64_t dim_stride = shape.empty() ? 0 : o_strides[dim];
   if (!shape.empty()) o_strides[dim] = 0;
-  dispatch_numeric(src.dtype(), "scatter_add", [&](auto tag) {
+  dispatch_numeric(src.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t n = index.numel();
     if (n == 0) return;
     const StridedIndexer<3> ix = make_indexer<3>(index.sizes(), {o_strides, index.strides(), src.strides()});
-    scatter_add_kernel<T><<<blocks_for(n), kThreads, 0, stream()>>>(ix, out.data_ptr<T>(), src.data_ptr<T>(),
-                                                                    index.data_ptr<int64_t>(), size, dim_stride, n,
-                                                                    device_error(), op_id("scatter_add"));
-    TP_CUDA_LAUNCHED("scatter_add");
+    auto launch = [&](auto kernel) {
+      kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ix, out.data_ptr<T>(), src.data_ptr<T>(),
+                                                       index.data_ptr<int64_t>(), size, dim_stride, n, device_error(),
+                                                       op_id(op));
+    };
+    if (accumulate) {
+      launch(scatter_kernel<T, true>);
+    } else {
+      launch(scatter_kernel<T, false>);
+    }
+    TP_CUDA_LAUNCHED(op);
   });
   return out;
 }

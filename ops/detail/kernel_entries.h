@@ -64,9 +64,10 @@ TP_KERNEL(Tensor, index_select, (const char* op, const Tensor& a, int64_t dim, c
 TP_KERNEL(Tensor, index_add, (const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src),
           (shape, dim, index, src), {})
 TP_KERNEL(Tensor, gather, (const Tensor& a, int64_t dim, const Tensor& index), (a, dim, index), {})
-// zeros(shape) with out[..index[i]..] += src[i] along dim (the backward of gather).
-TP_KERNEL(Tensor, scatter_add, (const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src),
-          (shape, dim, index, src), {})
+// zeros(shape) with src[i] added (accumulate: the backward of gather) or stored at out[..index[i]..]
+// along dim. Stored duplicates: one of them wins (the last, on the CPU), as in PyTorch.
+TP_KERNEL(Tensor, scatter, (const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate),
+          (shape, dim, index, src, accumulate), {})
 
 // Label-smoothed cross-entropy of logits [N, V] against int64 targets [N], fused with the
 // log-softmax: the target distribution q puts 1 - smoothing on the gold class, 0 on ignore_index

@@ -1,0 +1,283 @@
+// The image-classification task (see image_classification.h).
+#include "apps/tasks/image_classification.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "apps/eval/image_plots.h"
+#include "apps/train/run_dir.h"
+#include "tapestry/data/dataloader.h"
+#include "tapestry/data/idx.h"
+#include "tapestry/data/transforms.h"
+#include "tapestry/nn/safetensors.h"
+#include "tapestry/ops/file.h"
+
+namespace tapestry::apps {
+
+using models::ViT;
+using models::ViTConfig;
+
+std::string default_image_dir() {
+  const char* env = std::getenv("TAPESTRY_IMAGE_DATA");
+  return env && *env ? env : "/usr/share/datasets/fashion-mnist";
+}
+
+std::vector<std::string> class_names(const std::string& data_dir, int64_t classes) {
+  if (classes == 10 && data_dir.find("fashion") != std::string::npos)
+    return {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
+  std::vector<std::string> names;
+  for (int64_t i = 0; i < classes; ++i) names.push_back(std::to_string(i));
+  return names;
+}
+
+OptionTable options_table(ImageOptions& o) {
+  OptionTable trainer = trainer_options(o.trainer), t("image");
+  t.add("data", o.data_dir, "an MNIST-layout folder of IDX files, plain or .gz (default: $TAPESTRY_IMAGE_DATA or "
+        "Debian's Fashion-MNIST, /usr/share/datasets/fashion-mnist)");
+  t.take(trainer, "out");
+  t.add("config", o.config, "model size").one_of(ViTConfig::names()).recipe();
+  t.add("batch", o.batch, "images per batch").positive().recipe();
+  t.take(trainer, "epochs").recipe();  // the cosine schedule spans them
+  t.add("warmup", o.warmup, "steps of linear warmup before the cosine decay").positive();
+  t.add("lr", o.lr, "peak learning rate (AdamW)").above(0);
+  t.add("min-lr", o.min_lr, "learning rate at the end of the cosine decay").at_least(0);
+  t.add("weight-decay", o.weight_decay, "AdamW weight decay on matrices (none on biases, LayerNorm, [CLS], "
+        "positions)").at_least(0);
+  t.add("dropout", o.dropout, "dropout").at_least(0).below(1);
+  t.add("label-smoothing", o.label_smoothing, "label smoothing of the loss").at_least(0).below(1);
+  t.add("val-size", o.val_size, "training images held out for validation").positive().recipe();
+  t.add("crop-padding", o.crop_padding, "augmentation: random crop after zero-padding by this much (0: none)")
+      .at_least(0);
+  t.add("flip", o.flip, "augmentation: random horizontal flips");
+  t.take(trainer, "clip-norm");
+  t.take(trainer, "seed").recipe();
+  t.add("limit", o.limit, "train on the first N training images only (0: all)").at_least(0).recipe();
+  t.take(trainer, "save-every");
+  t.add_process_rows(o.threads, o.device);
+  t.take_all(trainer, kRunControlFlags);
+  return t;
+}
+
+namespace {
+
+// Shuffled, augmented batches of the training split; batch i of an epoch is the same on every
+// rank and after a resume (DataLoader: the order and the augmentation follow from the seed).
+class ImageData : public DataSource {
+ public:
+  ImageData(ViT& model, data::DataLoader loader, Device device)
+      : model_(model), loader_(std::move(loader)), device_(device) {}
+  int64_t plan(int64_t epoch) override {
+    epoch_ = epoch;
+    return loader_.batches();
+  }
+  TrainBatch batch(int64_t i) override {
+    data::Batch b = loader_.batch(epoch_, i);
+    if (shard_world_ > 1) {
+      if (shard_rank_ >= b.data.size(0)) return {0, {}};
+      b = {b.data.slice(0, shard_rank_, b.data.size(0), shard_world_).contiguous(),
+           b.target.slice(0, shard_rank_, b.target.size(0), shard_world_).contiguous()};
+    }
+    Tensor x = b.data.to(device_), y = b.target.to(device_);
+    return {x.size(0), [this, x, y] { return model_.loss(x, y); }};
+  }
+
+ private:
+  ViT& model_;
+  data::DataLoader loader_;
+  Device device_;
+  int64_t epoch_ = 1;
+};
+
+std::unique_ptr<optim::AdamW> vit_adamw(ViT& model, const ImageOptions& o) {
+  // Decay the matrices only: biases, LayerNorms, the [CLS] token and the positions keep theirs (timm's rule).
+  std::vector<Tensor> decay, no_decay;
+  for (auto& [name, p] : model.named_parameters())
+    (p.dim() >= 2 && name != "cls_token" && name != "pos_embed" ? decay : no_decay).push_back(p);
+  optim::AdamOptions ao;
+  ao.lr = o.lr, ao.beta1 = 0.9, ao.beta2 = 0.999, ao.eps = 1e-8, ao.weight_decay = o.weight_decay;
+  return std::make_unique<optim::AdamW>(
+      std::vector<optim::ParamGroup>{{decay, std::nullopt, o.weight_decay}, {no_decay, std::nullopt, 0.0}}, ao);
+}
+
+std::map<std::string, std::string> vit_metadata(const ViTConfig& c, const std::string& data_dir) {
+  return {{"task", "image"},
+          {"image_size", std::to_string(c.image_size)},
+          {"channels", std::to_string(c.channels)},
+          {"patch_size", std::to_string(c.patch_size)},
+          {"classes", std::to_string(c.classes)},
+          {"layers", std::to_string(c.layers)},
+          {"heads", std::to_string(c.heads)},
+          {"d_model", std::to_string(c.d_model)},
+          {"d_ff", std::to_string(c.d_ff)},
+          {"activation", c.activation},
+          {"data", data_dir}};
+}
+
+// Mean cross-entropy over images in batches, without gradients.
+double mean_loss(ViT& model, const Tensor& images, const Tensor& labels, int64_t batch) {
+  NoGradGuard no_grad;
+  const Device device = model.cls_token.device();
+  double sum = 0;
+  for (int64_t s = 0; s < images.size(0); s += batch) {
+    const int64_t e = std::min(images.size(0), s + batch);
+    Tensor logits = model.forward(images.slice(0, s, e).to(device));
+    sum += cross_entropy(logits, labels.slice(0, s, e).to(device), 0.0, -100, Reduction::Sum).item<double>();
+  }
+  return images.size(0) ? sum / static_cast<double>(images.size(0)) : 0.0;
+}
+
+}  // namespace
+
+double classify_accuracy(ViT& model, const Tensor& images, const Tensor& labels, int64_t batch,
+                         std::vector<std::vector<int64_t>>* confusion) {
+  NoGradGuard no_grad;
+  const Device device = model.cls_token.device();
+  const int64_t k = model.config.classes;
+  if (confusion) confusion->assign(static_cast<size_t>(k), std::vector<int64_t>(static_cast<size_t>(k), 0));
+  int64_t correct = 0;
+  for (int64_t s = 0; s < images.size(0); s += batch) {
+    const int64_t e = std::min(images.size(0), s + batch);
+    std::vector<int64_t> pred = argmax(model.forward(images.slice(0, s, e).to(device)), 1).to_vector<int64_t>();
+    std::vector<int64_t> truth = labels.slice(0, s, e).contiguous().to_vector<int64_t>();
+    for (size_t i = 0; i < pred.size(); ++i) {
+      correct += pred[i] == truth[i];
+      if (confusion && truth[i] >= 0 && truth[i] < k) ++(*confusion)[static_cast<size_t>(truth[i])][static_cast<size_t>(pred[i])];
+    }
+  }
+  return images.size(0) ? static_cast<double>(correct) / static_cast<double>(images.size(0)) : 0.0;
+}
+
+ImageResult train_image_classifier(const ImageOptions& options) {
+  ImageOptions o = options;
+  const OptionTable table = options_table(o);
+  table.check();
+  TP_CHECK(o.min_lr <= o.lr, "train: --min-lr {} is above --lr {}", o.min_lr, o.lr);
+  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
+  ViTConfig cfg = ViTConfig::named(o.config);  // checks the name before the data are read
+  TrainerOptions to = o.trainer;
+  const std::string dir = o.data_dir.empty() ? default_image_dir() : o.data_dir;
+
+  // Data: the training images split into train and val by a fixed seed (not --seed: the same
+  // val images for every run); the test images are read at the end.
+  data::ImageSet train_set = data::read_mnist(dir, true);
+  const int64_t n_all = train_set.images.size(0);
+  TP_CHECK(o.val_size < n_all, "train: --val-size {} leaves no training images of the {} in {}", o.val_size, n_all, dir);
+  auto split = data::random_split(data::TensorDataset(train_set.images, train_set.labels),
+                                  {n_all - o.val_size, o.val_size}, 20251124);
+  data::TensorDataset train = split[0], val = split[1];
+  if (o.limit > 0 && o.limit < train.size()) train = train.subset(arange(o.limit));
+  cfg.image_size = train_set.images.size(2);
+  TP_CHECK(train_set.images.size(2) == train_set.images.size(3), "train: {} holds {}x{} images; the ViT takes square ones",
+           dir, train_set.images.size(2), train_set.images.size(3));
+  cfg.classes = std::max<int64_t>(cfg.classes, train_set.labels.max().item<int64_t>() + 1);
+  cfg.dropout = o.dropout;
+  train_set = {};
+  RunFolder folder(to.out_dir, to.resume, to.overwrite, {"config.toml", "confusion.txt", "confusion.svg"});
+  manual_seed(to.seed);
+
+  // Model, optimizer, schedule, batches.
+  ViT model(cfg);
+  const Device device = training_device(o.device);
+  model.to(device);
+  const std::unique_ptr<optim::AdamW> adamw = vit_adamw(model, o);
+  data::DataLoaderOptions lo;
+  lo.batch_size = o.batch, lo.shuffle = true, lo.seed = to.seed;
+  const int64_t pad = o.crop_padding;
+  const bool flip = o.flip;
+  data::DataLoader loader(train, lo, [pad, flip](data::Batch b, Generator& gen) {
+    if (pad > 0) b.data = data::random_crop(b.data, pad, gen);
+    if (flip) b.data = data::random_horizontal_flip(b.data, gen);
+    return b;
+  });
+  ImageData batches(model, loader, device);
+  const int64_t steps_per_epoch = loader.batches(), total_steps = steps_per_epoch * to.epochs;
+  optim::CosineSchedule schedule(o.lr, std::min(o.warmup, total_steps), total_steps, o.min_lr);
+  std::printf("train: ViT %s (patch %lld, %lld layers, %lld heads, d_model %lld, %lld parameters) on %s: %lld train, "
+              "%lld val images; batch %lld, %lld epochs of %lld steps, AdamW lr %.2e -> %.2e (cosine, warmup %lld), "
+              "weight decay %.2f, augmentation: crop padding %lld, flip %s\n",
+              o.config.c_str(), (long long)cfg.patch_size, (long long)cfg.layers, (long long)cfg.heads,
+              (long long)cfg.d_model, (long long)model.num_parameters(), dir.c_str(), (long long)train.size(),
+              (long long)val.size(), (long long)o.batch, (long long)to.epochs, (long long)steps_per_epoch, o.lr,
+              o.min_lr, (long long)std::min(o.warmup, total_steps), o.weight_decay, (long long)pad, flip ? "on" : "off");
+  std::fflush(stdout);
+
+  to.recipe = table.recipe();
+  to.recipe.insert({{"task", "image"}, {"data", dir}});
+  to.run_files = {{"config.toml", table.to_toml()}};
+  to.model_metadata = vit_metadata(cfg, dir);
+  to.curves_title = fmt::format("ViT {} on {}", o.config, dir);
+
+  const auto start = std::chrono::steady_clock::now();
+  Trainer trainer(model, *adamw, &schedule, to);
+  trainer.evaluate = [&](int64_t, int64_t) {
+    return Metrics{{"val_loss", "val loss", mean_loss(model, val.data(), val.target(), 500), 4, "", false},
+                   {"val_accuracy", "val accuracy", 100 * classify_accuracy(model, val.data(), val.target(), 500), 2,
+                    "%", true}};
+  };
+  const FitResult fit = trainer.fit(batches);
+
+  ImageResult r;
+  r.steps = fit.steps, r.stopped = fit.stopped, r.interrupted = fit.interrupted;
+  r.parameters = model.num_parameters();
+  r.seconds = seconds_since(start);
+  double images = 0, train_seconds = 0;
+  for (const EpochRecord& e : fit.epochs) images += e.tokens_per_s * e.seconds, train_seconds += e.seconds;
+  r.images_per_s = train_seconds > 0 ? images / train_seconds : 0;
+  if (fit.stopped || fit.interrupted || fit.last_metrics.empty() || !dist::is_main()) return r;
+  r.val_accuracy = metric(fit.last_metrics, "val_accuracy") / 100;
+
+  // The test images, once, with the final model.
+  model.eval();
+  const data::ImageSet test = data::read_mnist(dir, false);
+  r.test_accuracy = classify_accuracy(model, test.images, test.labels, 500, &r.confusion);
+  const std::vector<std::string> names = class_names(dir, cfg.classes);
+  const std::string table_text = confusion_table(r.confusion, names);
+  if (!to.out_dir.empty()) {
+    write_file_atomic(to.out_dir + "/confusion.txt", table_text);
+    write_confusion_svg(to.out_dir + "/confusion.svg",
+                        fmt::format("ViT {} on {}: test accuracy {:.2f}%", o.config, dir, 100 * r.test_accuracy),
+                        r.confusion, names);
+  }
+  std::printf("test confusion matrix (%lld images):\n%s", (long long)test.images.size(0), table_text.c_str());
+  std::printf("final: test accuracy %.2f%% (%lld images), val accuracy %.2f%%; %lld steps, %.0f train images/s, "
+              "wall time %s%s\n",
+              100 * r.test_accuracy, (long long)test.images.size(0), 100 * r.val_accuracy, (long long)r.steps,
+              r.images_per_s, clock_text(r.seconds).c_str(),
+              to.out_dir.empty() ? "" : fmt::format("; {}/confusion.svg", to.out_dir).c_str());
+  std::fflush(stdout);
+  return r;
+}
+
+ImageClassifier load_image_classifier(const std::string& dir) {
+  const std::string path = dir + "/model.safetensors";
+  TP_CHECK(file_exists(path), "{} not found (train with `tapestry train --task image --out {}`)", path, dir);
+  auto file = nn::load_safetensors(path);
+  auto meta = [&](const char* key) {
+    auto it = file.metadata.find(key);
+    TP_CHECK(it != file.metadata.end(), "{} records no '{}' (not an image classifier written by tapestry train)", path,
+             key);
+    return it->second;
+  };
+  TP_CHECK(meta("task") == "image", "{} holds a '{}' model, not an image classifier", path, meta("task"));
+  auto num = [&](const char* key) {
+    try {
+      return std::stoll(meta(key));
+    } catch (const std::logic_error&) {
+      TP_CHECK(false, "{}: metadata '{}' is not a number: '{}'", path, key, meta(key));
+      return 0LL;
+    }
+  };
+  ViTConfig c;
+  c.image_size = num("image_size"), c.channels = num("channels"), c.patch_size = num("patch_size");
+  c.classes = num("classes"), c.layers = num("layers"), c.heads = num("heads"), c.d_model = num("d_model");
+  c.d_ff = num("d_ff"), c.activation = meta("activation"), c.dropout = 0;
+  ImageClassifier r;
+  r.model = std::make_shared<ViT>(c);
+  r.model->load_state_dict(file.as_map());
+  r.model->eval();
+  r.data_dir = meta("data");
+  r.names = class_names(r.data_dir, c.classes);
+  return r;
+}
+
+}  // namespace tapestry::apps

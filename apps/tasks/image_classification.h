@@ -1,0 +1,72 @@
+// Image classification with the Vision Transformer (`tapestry train --task image`): an
+// MNIST-layout folder of IDX files (Fashion-MNIST from Debian's dataset-fashion-mnist by
+// default) read with data::read_mnist, a validation split held out of the training images by a
+// fixed seed (the test images are read once, at the end), shuffled batches with light
+// augmentation (random crop with padding, horizontal flip), AdamW with warmup and cosine decay,
+// validation accuracy after each epoch, then the test accuracy and its confusion matrix
+// (confusion.txt, confusion.svg).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/train/trainer.h"
+#include "tapestry/models/vit.h"
+
+namespace tapestry::apps {
+
+struct ImageOptions {
+  TrainerOptions trainer = [] {
+    TrainerOptions t;
+    t.epochs = 10;
+    t.out_dir = "runs/vit";
+    t.seed = 1;
+    t.keep = 1;
+    t.average = 0;
+    return t;
+  }();
+  std::string data_dir;          // empty: default_image_dir()
+  std::string config = "fmnist";  // models::ViTConfig::named
+  int64_t batch = 128;
+  double lr = 2e-3, min_lr = 1e-5, weight_decay = 0.05, dropout = 0.0, label_smoothing = 0.0;
+  int64_t warmup = 300;          // steps
+  int64_t val_size = 5000;       // training images held out for validation
+  int64_t crop_padding = 2;      // random crop after zero-padding this much (0: no crop)
+  bool flip = true;              // random horizontal flips
+  int64_t limit = 0;             // train on the first N training images only (0: all)
+  int64_t threads = 0;
+  std::string device = "cpu";
+};
+
+// $TAPESTRY_IMAGE_DATA, else Debian's Fashion-MNIST (/usr/share/datasets/fashion-mnist).
+std::string default_image_dir();
+// Fashion-MNIST's class names when the folder is Fashion-MNIST's, else "0" .. "9".
+std::vector<std::string> class_names(const std::string& data_dir, int64_t classes);
+
+OptionTable options_table(ImageOptions& options);
+
+struct ImageResult {
+  int64_t steps = 0, parameters = 0;
+  double val_accuracy = 0, test_accuracy = 0, seconds = 0, images_per_s = 0;
+  std::vector<std::vector<int64_t>> confusion;  // [true][predicted] on the test images
+  bool stopped = false;
+  int interrupted = 0;
+};
+
+ImageResult train_image_classifier(const ImageOptions& options);
+
+// A ViT from a run folder train_image_classifier wrote (its config from the weights' metadata).
+struct ImageClassifier {
+  std::shared_ptr<models::ViT> model;
+  std::string data_dir;
+  std::vector<std::string> names;
+};
+ImageClassifier load_image_classifier(const std::string& checkpoint_dir);
+
+// Accuracy (0..1) and the confusion matrix of a model over images [N, C, H, W] with labels [N],
+// in batches, without gradients.
+double classify_accuracy(models::ViT& model, const Tensor& images, const Tensor& labels, int64_t batch,
+                         std::vector<std::vector<int64_t>>* confusion = nullptr);
+
+}  // namespace tapestry::apps

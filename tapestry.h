@@ -10,6 +10,7 @@
 #include "tapestry/data/dataloader.h"
 #include "tapestry/data/idx.h"
 #include "tapestry/data/transforms.h"
+#include "tapestry/models/bert.h"
 #include "tapestry/models/gpt.h"
 #include "tapestry/models/transformer.h"
 #include "tapestry/models/vit.h"

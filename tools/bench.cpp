@@ -21,6 +21,7 @@
 #include "apps/train/trainer.h"
 #include "tapestry/models/gpt.h"
 #include "tapestry/models/transformer.h"
+#include "tapestry/models/vit.h"
 #include "tapestry/ops/cuda.h"
 #include "tapestry/ops/profile.h"
 #include "tapestry/ops/runtime.h"
@@ -194,6 +195,45 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   return 0;
 }
 
+// The image task's train step (the `vit` workload): ViT fmnist on a batch of 128 random 28x28 images.
+int run_vit_bench(const BenchOptions& o, int threads) {
+  const int64_t batch = 128;
+  models::ViT model(models::ViTConfig::named("fmnist"));
+  model.to(bench_device);
+  optim::AdamOptions ao;
+  ao.lr = 1e-3, ao.weight_decay = 0.05;
+  optim::AdamW adamw(model.parameters(), ao);
+  Generator data(42);
+  Tensor x = rand({batch, 1, 28, 28}, DType::Float32, &data).to(bench_device);
+  Tensor y = randint(0, 10, {batch}, DType::Int64, &data).to(bench_device);
+  apps::TrainerOptions to;
+  to.progress = false;
+  apps::Trainer trainer(model, adamw, nullptr, to);
+  const std::vector<apps::TrainBatch> step_batch = {{batch, [&] { return model.loss(x, y); }}};
+  const std::vector<double> train_ms = time_calls(o.warmup, o.steps, [&] { trainer.step(step_batch); });
+  const runtime::Counts per_step = count_step([&] { trainer.step(step_batch); });
+  if (o.profile) print_profile(o, [&] { trainer.step(step_batch); });
+  const double step_ms = median(train_ms), img_s = static_cast<double>(batch) / (step_ms / 1000);
+  const double mn = *std::min_element(train_ms.begin(), train_ms.end());
+  const double mx = *std::max_element(train_ms.begin(), train_ms.end());
+  if (o.json) {
+    std::printf("{\"impl\": \"tapestry\", \"device\": \"%s\", \"workload\": \"vit\", \"threads\": %d, "
+                "\"train_ms_median\": %.3f, \"train_ms_min\": %.3f, \"train_ms_max\": %.3f, \"images_per_s\": %.1f, "
+                "\"peak_rss_mib\": %.1f, \"params\": %lld}\n",
+                o.device.c_str(), threads, step_ms, mn, mx, img_s, peak_rss_mib(),
+                static_cast<long long>(model.num_parameters()));
+    return 0;
+  }
+  std::printf("workload vit: ViT fmnist (patch 4, 4 layers, 4 heads, d_model 64), batch %lld of 28x28, %lld parameters, "
+              "%d threads\n",
+              (long long)batch, (long long)model.num_parameters(), threads);
+  std::printf("train step        %8.2f ms median (min %.2f, max %.2f, %d steps)\n", step_ms, mn, mx, o.steps);
+  std::printf("train images/s    %8.0f\n", img_s);
+  print_counts(per_step);
+  print_memory();
+  return 0;
+}
+
 }  // namespace
 
 int run_bench(const BenchOptions& o) {
@@ -215,8 +255,9 @@ int run_bench(const BenchOptions& o) {
   cuda::set_attention_kernel(cuda::parse_attention_kernel(o.attention));
   if (bench_device.is_cuda()) cuda::reset_peak_memory(bench_device);
   if (o.workload == "lm") return run_lm_bench(o, threads);
+  if (o.workload == "vit") return run_vit_bench(o, threads);
   auto it = workloads().find(o.workload);
-  TP_CHECK(it != workloads().end(), "bench: unknown workload '{}' (expected copy, small, base or lm)", o.workload);
+  TP_CHECK(it != workloads().end(), "bench: unknown workload '{}' (expected copy, small, base, lm or vit)", o.workload);
   const Workload w = it->second;
   Generator data(42);
 
@@ -306,8 +347,8 @@ namespace tapestry::tools {
 Subcommand add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   auto* bench = app.add_subcommand("bench", "time a named workload (see docs/benchmarks.md)");
-  bench->add_option("--workload", o->workload, "copy, small, base (Transformer) or lm (GPT)")
-      ->check(CLI::IsMember({"copy", "small", "base", "lm"}))
+  bench->add_option("--workload", o->workload, "copy, small, base (Transformer), lm (GPT) or vit (ViT)")
+      ->check(CLI::IsMember({"copy", "small", "base", "lm", "vit"}))
       ->capture_default_str();
   bench->add_option("--threads", o->threads, "threads (default: all cores)")->check(positive());
   bench->add_option("--steps", o->steps, "timed train steps")->check(positive())->capture_default_str();

@@ -1,6 +1,7 @@
 // The image-classification task (see image_classification.h).
 #include "apps/tasks/image_classification.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -21,6 +22,8 @@ std::string default_image_dir() {
   const char* env = std::getenv("TAPESTRY_IMAGE_DATA");
   return env && *env ? env : "/usr/share/datasets/fashion-mnist";
 }
+
+Tensor Normalization::apply(const Tensor& images) const { return div(sub(images, mean), std); }
 
 std::vector<std::string> class_names(const std::string& data_dir, int64_t classes) {
   if (classes == 10 && data_dir.find("fashion") != std::string::npos)
@@ -99,8 +102,11 @@ std::unique_ptr<optim::AdamW> vit_adamw(ViT& model, const ImageOptions& o) {
       std::vector<optim::ParamGroup>{{decay, std::nullopt, o.weight_decay}, {no_decay, std::nullopt, 0.0}}, ao);
 }
 
-std::map<std::string, std::string> vit_metadata(const ViTConfig& c, const std::string& data_dir) {
+std::map<std::string, std::string> vit_metadata(const ViTConfig& c, const std::string& data_dir,
+                                                const Normalization& norm) {
   return {{"task", "image"},
+          {"pixel_mean", fmt::format("{}", norm.mean)},
+          {"pixel_std", fmt::format("{}", norm.std)},
           {"image_size", std::to_string(c.image_size)},
           {"channels", std::to_string(c.channels)},
           {"patch_size", std::to_string(c.patch_size)},
@@ -166,6 +172,10 @@ ImageResult train_image_classifier(const ImageOptions& options) {
                                   {n_all - o.val_size, o.val_size}, 20251124);
   data::TensorDataset train = split[0], val = split[1];
   if (o.limit > 0 && o.limit < train.size()) train = train.subset(arange(o.limit));
+  // Pixels standardised by the training split's mean and deviation (recorded with the weights,
+  // so that whatever reads the model later feeds it the same).
+  const Normalization norm{train.data().mean().item<double>(), std::sqrt(var(train.data()).item<double>())};
+  val = data::TensorDataset(norm.apply(val.data()), val.target());
   cfg.image_size = train_set.images.size(2);
   TP_CHECK(train_set.images.size(2) == train_set.images.size(3), "train: {} holds {}x{} images; the ViT takes square ones",
            dir, train_set.images.size(2), train_set.images.size(3));
@@ -184,9 +194,10 @@ ImageResult train_image_classifier(const ImageOptions& options) {
   lo.batch_size = o.batch, lo.shuffle = true, lo.seed = to.seed;
   const int64_t pad = o.crop_padding;
   const bool flip = o.flip;
-  data::DataLoader loader(train, lo, [pad, flip](data::Batch b, Generator& gen) {
-    if (pad > 0) b.data = data::random_crop(b.data, pad, gen);
+  data::DataLoader loader(train, lo, [pad, flip, norm](data::Batch b, Generator& gen) {
+    if (pad > 0) b.data = data::random_crop(b.data, pad, gen);  // pads with black, as torchvision's
     if (flip) b.data = data::random_horizontal_flip(b.data, gen);
+    b.data = norm.apply(b.data);
     return b;
   });
   ImageData batches(model, loader, device);
@@ -204,7 +215,7 @@ ImageResult train_image_classifier(const ImageOptions& options) {
   to.recipe = table.recipe();
   to.recipe.insert({{"task", "image"}, {"data", dir}});
   to.run_files = {{"config.toml", table.to_toml()}};
-  to.model_metadata = vit_metadata(cfg, dir);
+  to.model_metadata = vit_metadata(cfg, dir, norm);
   to.curves_title = fmt::format("ViT {} on {}", o.config, dir);
 
   const auto start = std::chrono::steady_clock::now();
@@ -229,7 +240,7 @@ ImageResult train_image_classifier(const ImageOptions& options) {
   // The test images, once, with the final model.
   model.eval();
   const data::ImageSet test = data::read_mnist(dir, false);
-  r.test_accuracy = classify_accuracy(model, test.images, test.labels, 500, &r.confusion);
+  r.test_accuracy = classify_accuracy(model, norm.apply(test.images), test.labels, 500, &r.confusion);
   const std::vector<std::string> names = class_names(dir, cfg.classes);
   const std::string table_text = confusion_table(r.confusion, names);
   if (!to.out_dir.empty()) {
@@ -276,6 +287,11 @@ ImageClassifier load_image_classifier(const std::string& dir) {
   r.model->load_state_dict(file.as_map());
   r.model->eval();
   r.data_dir = meta("data");
+  try {
+    r.norm = {std::stod(meta("pixel_mean")), std::stod(meta("pixel_std"))};
+  } catch (const std::logic_error&) {
+    TP_CHECK(false, "{}: metadata pixel_mean/pixel_std are not numbers", path);
+  }
   r.names = class_names(r.data_dir, c.classes);
   return r;
 }

@@ -39,6 +39,12 @@ struct ImageOptions {
   std::string device = "cpu";
 };
 
+// Pixels standardised as (x - mean) / std, the training split's figures.
+struct Normalization {
+  double mean = 0, std = 1;
+  Tensor apply(const Tensor& images) const;
+};
+
 // $TAPESTRY_IMAGE_DATA, else Debian's Fashion-MNIST (/usr/share/datasets/fashion-mnist).
 std::string default_image_dir();
 // Fashion-MNIST's class names when the folder is Fashion-MNIST's, else "0" .. "9".
@@ -61,6 +67,7 @@ struct ImageClassifier {
   std::shared_ptr<models::ViT> model;
   std::string data_dir;
   std::vector<std::string> names;
+  Normalization norm;  // apply to images before the model
 };
 ImageClassifier load_image_classifier(const std::string& checkpoint_dir);
 

@@ -234,6 +234,8 @@ def train(a):
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(20251124))
     val_idx, train_idx = order[:a.val_size], order[a.val_size:]
     xv, yv, xt, yt = x[val_idx], y[val_idx], x[train_idx], y[train_idx]
+    mean, std = xt.mean().item(), xt.var().sqrt().item()  # as the task: the training split's figures
+    xv = (xv - mean) / std  # training batches: after their augmentation
     p, layers, heads, d, ff = CONFIGS[a.config]
     c = dict(image_size=x.shape[2], channels=1, patch_size=p, classes=10, d_model=d, layers=layers, heads=heads,
              d_ff=ff, ln_eps=1e-5, activation="gelu")
@@ -263,7 +265,7 @@ def train(a):
         t0 = time.time()
         for s in range(0, len(xt), a.batch):
             idx = perm[s:s + a.batch]
-            xb = augment(xt[idx], a.crop_padding, a.flip, gen)
+            xb = (augment(xt[idx], a.crop_padding, a.flip, gen) - mean) / std
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
             loss = F.cross_entropy(model(xb), yt[idx], label_smoothing=a.label_smoothing)
@@ -280,6 +282,7 @@ def train(a):
         if out_of_time:
             break
     xs, ys = read_split(a.data, "t10k")
+    xs = (xs - mean) / std
     acc = accuracy(model, xs, ys)
     print(f"twin: final: test accuracy {100 * acc:.2f}% after {step} of {total} steps, {trained:.0f} s of training, "
           f"{step * a.batch / trained:.0f} train images/s")

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""tapestry's encoder-only text model (models/bert.h) as its PyTorch twin, built from
+torch.nn.TransformerEncoderLayer (GELU, batch_first; norm_first or BERT's post-norm) with the
+masked-LM head tied to the token embedding, for the parity test.
+
+    /usr/bin/python3 tools/reference/bert_ref.py check DUMP.safetensors [--verbose]
+
+DUMP is written by tests/bert_parity_dump.cpp: the weights, a padded batch with BERT-masked
+inputs and their labels, class labels, and tapestry's MLM and classifier logits and losses, the
+gradients of their sum and the parameters after one AdamW step. Names map as in vit_ref.py
+(w_q/w_k/w_v -> in_proj, w_o -> out_proj, ff.w_1/w_2 -> linear1/linear2). Padding is masked out
+as keys through src_key_padding_mask. Exit status 1 on any mismatch, each named.
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_file import load_safetensors  # noqa: E402
+from vit_ref import TOL, gather, rel_err, torch_name  # noqa: E402
+
+
+class Bert(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        d = c["d_model"]
+        self.tok_embed = nn.Embedding(c["vocab"], d, padding_idx=c["pad_id"])
+        self.pos_embed = nn.Embedding(c["max_len"], d)
+        self.embed_norm = nn.LayerNorm(d, eps=c["ln_eps"])
+        layer = nn.TransformerEncoderLayer(d, c["heads"], c["d_ff"], 0.0, activation="gelu",
+                                           layer_norm_eps=c["ln_eps"], batch_first=True, norm_first=c["norm_first"])
+        norm = nn.LayerNorm(d, eps=c["ln_eps"]) if c["norm_first"] else None
+        self.encoder = nn.TransformerEncoder(layer, c["layers"], norm=norm, enable_nested_tensor=False)
+        self.mlm_dense = nn.Linear(d, d)
+        self.mlm_norm = nn.LayerNorm(d, eps=c["ln_eps"])
+        self.mlm_bias = nn.Parameter(torch.zeros(c["vocab"]))
+        self.classifier = nn.Linear(d, c["classes"])
+
+    def encode(self, ids):
+        pos = torch.arange(ids.shape[1])
+        x = self.embed_norm(self.tok_embed(ids) + self.pos_embed(pos))
+        return self.encoder(x, src_key_padding_mask=ids == self.c["pad_id"])
+
+    def mlm_logits(self, hidden):
+        return self.mlm_norm(F.gelu(self.mlm_dense(hidden))) @ self.tok_embed.weight.t() + self.mlm_bias
+
+    def classify(self, ids):
+        return self.classifier(self.encode(ids)[:, 0])
+
+
+def check(path, verbose):
+    tensors, meta = load_safetensors(path)
+    c = {k: int(meta[k]) for k in ("vocab", "max_len", "classes", "layers", "heads", "d_model", "d_ff", "pad_id")}
+    c["ln_eps"], c["norm_first"] = float(meta["ln_eps"]), meta["norm_first"] == "1"
+    model = Bert(c)
+    names = sorted(k[len("grad."):] for k in tensors if k.startswith("grad."))
+    mapped, ours = {torch_name(n)[0] for n in names}, {n for n, _ in model.named_parameters()}
+    if mapped != ours:
+        print(f"MISMATCH: parameter names differ:\n  reference only: {sorted(ours - mapped)}\n"
+              f"  tapestry only: {sorted(mapped - ours)}")
+        return 1
+    start = gather(tensors, "", names, model)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(start[n])
+    failures, rows = [], []
+
+    def compare(name, a, b, floor=1e-12, allow=None, valid=None):
+        if tuple(a.shape) != tuple(b.shape):
+            failures.append(f"{name}: tapestry shape {list(a.shape)}, reference {list(b.shape)}")
+            return
+        a, b = a.double(), b.double()
+        if valid is not None:  # compare only where the output means something
+            a, b = a[valid], b[valid]
+        if allow is None:
+            e = rel_err(a, b, floor)
+        else:
+            excess = ((a - b).abs() - allow).clamp(min=0)
+            e = excess.max().item() / max(b.abs().max().item(), floor)
+        rows.append((name, e))
+        if not e < TOL:
+            failures.append(f"{name}: relative error {e:.3g} >= {TOL}")
+
+    ids, mlm_labels = tensors["batch.ids"], tensors["batch.mlm_labels"]
+    class_ids, labels = tensors["batch.class_ids"], tensors["batch.labels"]
+    mlm_logits = model.mlm_logits(model.encode(ids))
+    class_logits = model.classify(class_ids)
+    real = ids != c["pad_id"]  # padded positions' outputs are computed but mean nothing
+    compare("mlm_logits", tensors["out.mlm_logits"], mlm_logits.detach(), valid=real)
+    compare("class_logits", tensors["out.class_logits"], class_logits.detach())
+    mlm = F.cross_entropy(mlm_logits.reshape(-1, c["vocab"]), mlm_labels.reshape(-1))
+    cls = F.cross_entropy(class_logits, labels)
+    compare("mlm_loss", tensors["out.mlm_loss"], mlm.detach())
+    compare("class_loss", tensors["out.class_loss"], cls.detach())
+    (mlm + cls).backward()
+    ref = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    got = gather(tensors, "grad.", names, model)
+    gmax = max(g.abs().max().item() for g in ref.values())
+    for n in ref:
+        compare("grad." + n, got[n], ref[n], floor=1e-3 * gmax)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=float(meta["adamw_lr"]), weight_decay=float(meta["weight_decay"]))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.grad = got[n].clone()
+    opt.step()
+    after = gather(tensors, "adamw.", names, model)
+    eps32 = torch.finfo(torch.float32).eps
+    for n, p in model.named_parameters():
+        allow = 4 * eps32 * torch.stack([start[n].abs().double(), p.detach().abs().double()]).amax(0)
+        compare("adamw." + n, after[n] - start[n], p.detach() - start[n], allow=allow)
+
+    worst = max(rows, key=lambda r: r[1])
+    print(f"bert parity ({'pre' if c['norm_first'] else 'post'}-norm): {len(rows)} tensors compared, MLM loss "
+          f"{mlm.item():.6f}, class loss {cls.item():.6f}, worst relative error {worst[1]:.2e} ({worst[0]})")
+    if verbose:
+        for name, e in rows:
+            print(f"  {name:50s} {e:.2e}")
+    if failures:
+        print("MISMATCH:\n  " + "\n  ".join(failures))
+        return 1
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check")
+    c.add_argument("dump")
+    c.add_argument("--verbose", action="store_true")
+    a = ap.parse_args()
+    return check(a.dump, a.verbose)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,8 +27,11 @@ std::vector<std::string> ViTConfig::names() { return {"tiny", "fmnist", "small"}
 void ViTConfig::validate() const {
   TP_CHECK(image_size > 0 && channels > 0 && classes > 0, "ViTConfig: image_size {}, channels {} and classes {} must be positive",
            image_size, channels, classes);
-  TP_CHECK(patch_size > 0 && image_size % patch_size == 0, "ViTConfig: patch_size {} must divide image_size {}",
-           patch_size, image_size);
+  TP_CHECK(patch_size > 0 && patch_size <= image_size && patch_stride >= 0,
+           "ViTConfig: patch_size {} must be in [1, image_size {}] and patch_stride {} >= 0", patch_size, image_size,
+           patch_stride);
+  TP_CHECK((image_size - patch_size) % stride() == 0, "ViTConfig: patches of {} every {} pixels do not tile image_size {}",
+           patch_size, stride(), image_size);
   TP_CHECK(d_model > 0 && heads > 0 && d_model % heads == 0, "ViTConfig: heads {} must divide d_model {}", heads,
            d_model);
   TP_CHECK(layers >= 0 && d_ff > 0, "ViTConfig: layers {} must be >= 0 and d_ff {} positive", layers, d_ff);
@@ -68,8 +71,8 @@ Tensor ViT::patches(const Tensor& images) const {
                images.size(3) == config.image_size,
            "ViT: images must be [B, {}, {}, {}], got shape {}", config.channels, config.image_size, config.image_size,
            images.sizes());
-  const int64_t p = config.patch_size;
-  return nn::unfold(images, {p, p}, {p, p}).transpose(1, 2);
+  const int64_t p = config.patch_size, st = config.stride();
+  return nn::unfold(images, {p, p}, {st, st}).transpose(1, 2);
 }
 
 Tensor ViT::forward(const Tensor& images) {

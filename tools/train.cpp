@@ -1,4 +1,4 @@
-// `tapestry train --task copy|multi30k|lm|image`: each task's flags come from its option table
+// `tapestry train --task copy|multi30k|lm|image|mlm|classify`: each task's flags come from its option table
 // (apps/train/option_table.h). A flag is registered once for all the tasks that have it; after
 // parsing, the given ones are applied to the chosen task's table, which checks them, and a flag
 // the task lacks is refused by name. The help shows each task's default.
@@ -11,6 +11,7 @@
 #include "apps/tasks/copy_task.h"
 #include "apps/tasks/image_classification.h"
 #include "apps/tasks/language_model.h"
+#include "apps/tasks/text_classification.h"
 #include "apps/tasks/translation.h"
 #include "tapestry/tapestry.h"
 #include "tools/cli.h"
@@ -19,9 +20,9 @@ namespace tapestry::tools {
 
 namespace {
 
-const std::vector<const char*> kTasks = {"copy", "multi30k", "lm", "image"};
+const std::vector<const char*> kTasks = {"copy", "multi30k", "lm", "image", "mlm", "classify"};
 
-// The tables' rows point into copy, mt, lm and image: TrainFlags stays where it was made (a shared_ptr).
+// The tables' rows point into copy, mt, lm, image, mlm and cls: TrainFlags stays where it was made (a shared_ptr).
 struct TrainFlags {
   TrainFlags() = default;
   TrainFlags(const TrainFlags&) = delete;
@@ -32,6 +33,7 @@ struct TrainFlags {
   apps::TranslationOptions mt;
   apps::LMOptions lm;
   apps::ImageOptions image;
+  apps::TextOptions mlm = apps::default_mlm_options(), cls = apps::default_classify_options();
   std::map<std::string, apps::OptionTable> tables;  // by task, bound to the options above
   // What the command line (and config file) gave, by flag: values as text, switches as bools.
   std::map<std::string, CLI::Option*> options;
@@ -75,7 +77,9 @@ int run_train(TrainFlags& f) {
   if (f.task == "copy") return run_copy(f.copy);
   const int interrupted = f.task == "lm"      ? apps::train_language_model(f.lm).interrupted
                           : f.task == "image" ? apps::train_image_classifier(f.image).interrupted
-                                              : apps::train_translation(f.mt).interrupted;
+                          : f.task == "mlm"   ? apps::train_mlm(f.mlm).interrupted
+                          : f.task == "classify" ? apps::train_text_classifier(f.cls).interrupted
+                                                 : apps::train_translation(f.mt).interrupted;
   return interrupted ? 128 + interrupted : 0;
 }
 
@@ -112,7 +116,8 @@ Subcommand add_train(CLI::App& app) {
                     "read options from a TOML file of `flag = value` lines (a run's config.toml); flags override it");
   train->add_option("--task", f->task,
                     "copy (the Annotated Transformer's copy task), multi30k (German to English), lm (a GPT "
-                    "language model on any text) or image (a Vision Transformer on MNIST-layout images)")
+                    "language model on any text), image (a Vision Transformer on MNIST-layout images), mlm (masked-LM "
+                    "pre-training of the text encoder on the mail corpus) or classify (ham/spam)")
       ->check(CLI::IsMember(std::vector<std::string>(kTasks.begin(), kTasks.end())))
       ->capture_default_str();
   train->add_flag("--quick", f->quick, "multi30k: the quick recipe, which shows learning in minutes (docs/training.md)");
@@ -121,6 +126,8 @@ Subcommand add_train(CLI::App& app) {
   f->tables.emplace("multi30k", apps::options_table(f->mt));
   f->tables.emplace("lm", apps::options_table(f->lm));
   f->tables.emplace("image", apps::options_table(f->image));
+  f->tables.emplace("mlm", apps::mlm_options_table(f->mlm));
+  f->tables.emplace("classify", apps::classify_options_table(f->cls));
 
   // Each flag once, in the order the tasks list them, with the tasks that take it.
   std::vector<std::string> order;

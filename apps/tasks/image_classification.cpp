@@ -39,6 +39,9 @@ OptionTable options_table(ImageOptions& o) {
         "Debian's Fashion-MNIST, /usr/share/datasets/fashion-mnist)");
   t.take(trainer, "out");
   t.add("config", o.config, "model size").one_of(ViTConfig::names()).recipe();
+  t.add("patch", o.patch, "patch size in pixels (0: the config's)").at_least(0).recipe();
+  t.add("patch-stride", o.patch_stride, "pixels between patches (0: the patch size; less: overlapping)").at_least(0)
+      .recipe();
   t.add("batch", o.batch, "images per batch").positive().recipe();
   t.take(trainer, "epochs").recipe();  // the cosine schedule spans them
   t.add("warmup", o.warmup, "steps of linear warmup before the cosine decay").positive();
@@ -51,7 +54,7 @@ OptionTable options_table(ImageOptions& o) {
   t.add("val-size", o.val_size, "training images held out for validation").positive().recipe();
   t.add("crop-padding", o.crop_padding, "augmentation: random crop after zero-padding by this much (0: none)")
       .at_least(0);
-  t.add("flip", o.flip, "augmentation: random horizontal flips");
+  t.add("no-flip", o.flip, "augmentation: no random horizontal flips").recipe("flip").clears = true;
   t.take(trainer, "clip-norm");
   t.take(trainer, "seed").recipe();
   t.add("limit", o.limit, "train on the first N training images only (0: all)").at_least(0).recipe();
@@ -110,6 +113,7 @@ std::map<std::string, std::string> vit_metadata(const ViTConfig& c, const std::s
           {"image_size", std::to_string(c.image_size)},
           {"channels", std::to_string(c.channels)},
           {"patch_size", std::to_string(c.patch_size)},
+          {"patch_stride", std::to_string(c.stride())},
           {"classes", std::to_string(c.classes)},
           {"layers", std::to_string(c.layers)},
           {"heads", std::to_string(c.heads)},
@@ -181,6 +185,9 @@ ImageResult train_image_classifier(const ImageOptions& options) {
            dir, train_set.images.size(2), train_set.images.size(3));
   cfg.classes = std::max<int64_t>(cfg.classes, train_set.labels.max().item<int64_t>() + 1);
   cfg.dropout = o.dropout;
+  if (o.patch > 0) cfg.patch_size = o.patch;
+  cfg.patch_stride = o.patch_stride;
+  cfg.validate();
   train_set = {};
   RunFolder folder(to.out_dir, to.resume, to.overwrite, {"config.toml", "confusion.txt", "confusion.svg"});
   manual_seed(to.seed);
@@ -203,10 +210,11 @@ ImageResult train_image_classifier(const ImageOptions& options) {
   ImageData batches(model, loader, device);
   const int64_t steps_per_epoch = loader.batches(), total_steps = steps_per_epoch * to.epochs;
   optim::CosineSchedule schedule(o.lr, std::min(o.warmup, total_steps), total_steps, o.min_lr);
-  std::printf("train: ViT %s (patch %lld, %lld layers, %lld heads, d_model %lld, %lld parameters) on %s: %lld train, "
+  std::printf("train: ViT %s (patch %lld every %lld, %lld tokens, %lld layers, %lld heads, d_model %lld, %lld parameters) on %s: %lld train, "
               "%lld val images; batch %lld, %lld epochs of %lld steps, AdamW lr %.2e -> %.2e (cosine, warmup %lld), "
               "weight decay %.2f, augmentation: crop padding %lld, flip %s\n",
-              o.config.c_str(), (long long)cfg.patch_size, (long long)cfg.layers, (long long)cfg.heads,
+              o.config.c_str(), (long long)cfg.patch_size, (long long)cfg.stride(), (long long)cfg.patches() + 1,
+              (long long)cfg.layers, (long long)cfg.heads,
               (long long)cfg.d_model, (long long)model.num_parameters(), dir.c_str(), (long long)train.size(),
               (long long)val.size(), (long long)o.batch, (long long)to.epochs, (long long)steps_per_epoch, o.lr,
               o.min_lr, (long long)std::min(o.warmup, total_steps), o.weight_decay, (long long)pad, flip ? "on" : "off");
@@ -280,6 +288,7 @@ ImageClassifier load_image_classifier(const std::string& dir) {
   };
   ViTConfig c;
   c.image_size = num("image_size"), c.channels = num("channels"), c.patch_size = num("patch_size");
+  c.patch_stride = num("patch_stride");
   c.classes = num("classes"), c.layers = num("layers"), c.heads = num("heads"), c.d_model = num("d_model");
   c.d_ff = num("d_ff"), c.activation = meta("activation"), c.dropout = 0;
   ImageClassifier r;

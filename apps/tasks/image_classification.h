@@ -28,6 +28,7 @@ struct ImageOptions {
   }();
   std::string data_dir;          // empty: default_image_dir()
   std::string config = "fmnist";  // models::ViTConfig::named
+  int64_t patch = 0, patch_stride = 0;  // 0: the config's patch size; non-overlapping
   int64_t batch = 128;
   double lr = 2e-3, min_lr = 1e-5, weight_decay = 0.05, dropout = 0.0, label_smoothing = 0.0;
   int64_t warmup = 300;          // steps

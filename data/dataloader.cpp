@@ -91,6 +91,7 @@ const Tensor& DataLoader::order(int64_t epoch) const {
 }
 
 Batch DataLoader::batch(int64_t epoch, int64_t i) const {
+  TP_CHECK(epoch >= 0, "DataLoader: epoch {} must be non-negative", epoch);
   TP_CHECK(i >= 0 && i < batches(), "DataLoader: batch {} is out of range for {} batches per epoch", i, batches());
   const int64_t start = i * o_.batch_size, end = std::min(start + o_.batch_size, dataset_.size());
   Batch b = dataset_.get(order(epoch).slice(0, start, end));

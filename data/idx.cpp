@@ -5,6 +5,8 @@
 #include <zlib.h>
 
 #include <array>
+#include <cmath>
+#include <type_traits>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -20,7 +22,8 @@ namespace {
 class ZFile {
  public:
   explicit ZFile(const std::string& path) : path_(path) {
-    TP_CHECK(std::filesystem::is_regular_file(path), "{}: no such file", path);
+    std::error_code ec;
+    TP_CHECK(std::filesystem::is_regular_file(path, ec), "{}: no such file", path);
     f_ = gzopen(path.c_str(), "rb");
     TP_CHECK(f_ != nullptr, "{}: cannot open", path);
   }
@@ -109,10 +112,20 @@ Tensor read_idx(const std::string& path, DType dtype) {
     const unsigned char* p = &dims_raw[static_cast<size_t>(4 * d)];
     shape[static_cast<size_t>(d)] = (int64_t{p[0]} << 24) | (int64_t{p[1]} << 16) | (int64_t{p[2]} << 8) | p[3];
   }
-  const int64_t count = shape_numel(shape);
+  const int64_t count = shape_numel(shape);  // at most 2^32 per dim: the product fits below 2^63 or throws
+  TP_CHECK(count <= (int64_t{1} << 40) / static_cast<int64_t>(type->size),
+           "{}: its header declares shape {} of {}, over 1 TiB of values", path, shape, type->name);
   const size_t bytes = static_cast<size_t>(count) * type->size;
-  std::vector<unsigned char> raw(bytes);
-  const size_t got = file.read(raw.data(), bytes);
+  // Read in chunks, the buffer growing with what arrives: a header that declares more than the
+  // file holds costs no allocation beyond the file itself.
+  std::vector<unsigned char> raw;
+  size_t got = 0;
+  while (got < bytes) {
+    raw.resize(std::min(bytes, got + (size_t{64} << 20)));
+    const size_t n = file.read(raw.data() + got, raw.size() - got);
+    got += n;
+    if (got < raw.size()) break;
+  }
   TP_CHECK(got == bytes, "{}: truncated: shape {} of {} needs {} bytes of values, the file has {}", path, shape,
            type->name, bytes, got);
   unsigned char extra;
@@ -126,8 +139,13 @@ Tensor read_idx(const std::string& path, DType dtype) {
       for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<T>(raw[static_cast<size_t>(i)]);
       return;
     }
-    for (int64_t i = 0; i < count; ++i)
-      dst[i] = static_cast<T>(value_at(&raw[static_cast<size_t>(i) * type->size], type->code));
+    for (int64_t i = 0; i < count; ++i) {
+      const double v = value_at(&raw[static_cast<size_t>(i) * type->size], type->code);
+      if constexpr (!std::is_floating_point_v<T>)
+        TP_CHECK(std::isfinite(v) && v >= -9.2e18 && v <= 9.2e18, "{}: value {} (index {}) is not an integer that {} holds",
+                 path, v, i, dtype);
+      dst[i] = static_cast<T>(v);
+    }
   });
   return out;
 }
@@ -136,8 +154,9 @@ namespace {
 // DIR/NAME.gz, else DIR/NAME; the .gz name when neither exists (for the error).
 std::string idx_path(const std::string& dir, const std::string& name) {
   const std::string gz = dir + "/" + name + ".gz", plain = dir + "/" + name;
-  if (std::filesystem::exists(gz)) return gz;
-  if (std::filesystem::exists(plain)) return plain;
+  std::error_code ec;
+  if (std::filesystem::exists(gz, ec)) return gz;
+  if (std::filesystem::exists(plain, ec)) return plain;
   TP_CHECK(false, "{}: no {} or {} (an MNIST-layout folder holds train-images-idx3-ubyte.gz and its siblings)", dir,
            name + ".gz", name);
   return gz;

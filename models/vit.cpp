@@ -84,6 +84,8 @@ Tensor ViT::forward(const Tensor& images) {
   return head->forward(y.select(1, 0));
 }
 
-Tensor ViT::loss(const Tensor& images, const Tensor& labels) { return cross_entropy(forward(images), labels); }
+Tensor ViT::loss(const Tensor& images, const Tensor& labels, double label_smoothing) {
+  return cross_entropy(forward(images), labels, label_smoothing);
+}
 
 }  // namespace tapestry::models

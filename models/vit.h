@@ -39,8 +39,9 @@ class ViT : public nn::Module {
   Tensor patches(const Tensor& images) const;
   // images [B, C, H, W] float -> logits [B, K].
   Tensor forward(const Tensor& images);
-  // Mean cross-entropy of the logits against int64 labels [B].
-  Tensor loss(const Tensor& images, const Tensor& labels);
+  // Mean cross-entropy of the logits against int64 labels [B], with label smoothing (the
+  // paper's form: see cross_entropy).
+  Tensor loss(const Tensor& images, const Tensor& labels, double label_smoothing = 0.0);
 
   ViTConfig config;
   std::shared_ptr<nn::Linear> patch_embed, head;

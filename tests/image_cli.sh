@@ -55,9 +55,9 @@ data="${TAPESTRY_IMAGE_DATA:-/usr/share/datasets/fashion-mnist}"
 "$bin" train --task image --data "$data" --config tiny --limit 5000 --val-size 1000 --epochs 3 --batch 64 --warmup 30 \
   --out "$tmp/run" --no-progress --threads 2 > "$tmp/log" 2>&1 || { cat "$tmp/log"; fail "the small run failed"; }
 cat "$tmp/log" | grep -E "^epoch|^final"
-first=$(grep -oP '^epoch 1: train loss \K[0-9.]+' "$tmp/log")
-second=$(grep -oP '^epoch 3: train loss \K[0-9.]+' "$tmp/log")
-acc=$(grep -oP '^final: test accuracy \K[0-9.]+' "$tmp/log")
+first=$(grep -oP '^epoch 1: train loss \K[0-9.]+' "$tmp/log") || fail "no epoch 1 line"
+second=$(grep -oP '^epoch 3: train loss \K[0-9.]+' "$tmp/log") || fail "no epoch 3 line"
+acc=$(grep -oP '^final: test accuracy \K[0-9.]+' "$tmp/log") || fail "no final line"
 python3 -c "import sys; sys.exit(0 if $second < $first else 1)" || fail "train loss did not fall: $first -> $second"
 python3 -c "import sys; sys.exit(0 if $acc > 40 else 1)" || fail "test accuracy $acc% (chance is 10%)"
 for f in confusion.txt confusion.svg curves.svg model.safetensors; do

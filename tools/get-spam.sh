@@ -37,6 +37,7 @@ done
 # Each group's folder is copied beside its final place and renamed: an interrupted run leaves no
 # half-filled folder under the real name.
 mkdir -p "$dir"
+rm -rf "$dir"/*.part.*  # what an interrupted run left
 for g in "${groups[@]}"; do
   rm -rf "$dir/$g.part.$$"
   mkdir "$dir/$g.part.$$"

@@ -45,7 +45,8 @@ Subcommand add_image_attention(CLI::App& app) {
                                           c.names[static_cast<size_t>(pred)], c.names[static_cast<size_t>(truth)],
                                           probs.select(1, pred).item<double>());
     apps::write_attention_overlay_svg(f->out, title, image.reshape({-1}).to_vector<float>(), image.size(2),
-                                      image.size(3), cls.to_vector<float>(), vit.config.grid());
+                                      image.size(3), cls.to_vector<float>(), vit.config.grid(), vit.config.patch_size,
+                                      vit.config.stride());
     std::printf("%s\nwrote %s\n", title.c_str(), f->out.c_str());
     return 0;
   }};

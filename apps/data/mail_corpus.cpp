@@ -57,8 +57,15 @@ Mail read_record(const fs::path& path) {
 std::vector<Mail> read_mail_corpus(const std::string& dir) {
   TP_CHECK(fs::is_directory(dir), "{}: no such folder (tools/get-spam.sh {} fetches the corpus)", dir, dir);
   std::vector<fs::path> files;
-  for (const auto& entry : fs::recursive_directory_iterator(dir))
-    if (entry.is_regular_file() && entry.path().extension() == ".json") files.push_back(entry.path());
+  // Records sit in DIR or one folder down (by group); a "*.part.*" folder is an interrupted
+  // tools/get-spam.sh copy, never read.
+  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
+    if (it->is_directory() && (it.depth() >= 1 || it->path().filename().string().find(".part.") != std::string::npos)) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file() && it->path().extension() == ".json") files.push_back(it->path());
+  }
   TP_CHECK(!files.empty(), "{}: no mail records (*.json); tools/get-spam.sh {} fetches the corpus", dir, dir);
   std::sort(files.begin(), files.end());
   std::vector<Mail> mails;

@@ -80,7 +80,8 @@ void write_confusion_svg(const std::string& path, const std::string& title, cons
 }
 
 void write_attention_overlay_svg(const std::string& path, const std::string& title, const std::vector<float>& image,
-                                 int64_t height, int64_t width, const std::vector<float>& attention, int64_t grid) {
+                                 int64_t height, int64_t width, const std::vector<float>& attention, int64_t grid,
+                                 int64_t patch, int64_t stride) {
   TP_CHECK(static_cast<int64_t>(image.size()) == height * width, "attention overlay: {} pixels for a {}x{} image",
            image.size(), height, width);
   TP_CHECK(static_cast<int64_t>(attention.size()) == grid * grid, "attention overlay: {} weights for a {}x{} grid",
@@ -103,14 +104,15 @@ void write_attention_overlay_svg(const std::string& path, const std::string& tit
                          x0 + px * static_cast<double>(x), top + px * static_cast<double>(y), px, px, g, g, g);
       }
     if (panel == 0) continue;
-    const double ch = px * static_cast<double>(height) / static_cast<double>(grid),
-                 cw = px * static_cast<double>(width) / static_cast<double>(grid);
+    const double side_px = px * static_cast<double>(patch), step = px * static_cast<double>(stride);
+    // Overlapping patches: each square's opacity shrinks so that the overlaps add up to the same scale.
+    const double overlap = static_cast<double>(patch) / static_cast<double>(stride);
     for (int64_t r = 0; r < grid; ++r)
       for (int64_t c = 0; c < grid; ++c)
         s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"red\" "
                          "fill-opacity=\"{:.3f}\"/>\n",
-                         x0 + cw * static_cast<double>(c), top + ch * static_cast<double>(r), cw, ch,
-                         0.75 * attention[static_cast<size_t>(r * grid + c)] / peak);
+                         x0 + step * static_cast<double>(c), top + step * static_cast<double>(r), side_px, side_px,
+                         0.75 * attention[static_cast<size_t>(r * grid + c)] / peak / (overlap * overlap));
   }
   s += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" text-anchor=\"middle\">left: the image; right: the [CLS] token's "
                    "attention over the patches (red: more)</text>\n</svg>\n",

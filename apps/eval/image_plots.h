@@ -17,9 +17,11 @@ std::string confusion_table(const ConfusionMatrix& counts, const std::vector<std
 void write_confusion_svg(const std::string& path, const std::string& title, const ConfusionMatrix& counts,
                          const std::vector<std::string>& names);
 
-// image: H * W values in [0, 1] (row-major); attention: grid * grid weights (row-major patches),
-// drawn as translucent red cells scaled to the largest weight, over the image.
+// image: H * W values in [0, 1] (row-major); attention: grid * grid weights (row-major patches
+// of patch x patch pixels, `stride` apart), drawn as translucent red squares scaled to the
+// largest weight, over the image (overlapping patches add up).
 void write_attention_overlay_svg(const std::string& path, const std::string& title, const std::vector<float>& image,
-                                 int64_t height, int64_t width, const std::vector<float>& attention, int64_t grid);
+                                 int64_t height, int64_t width, const std::vector<float>& attention, int64_t grid,
+                                 int64_t patch, int64_t stride);
 
 }  // namespace tapestry::apps

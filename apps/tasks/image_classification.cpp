@@ -70,8 +70,8 @@ namespace {
 // rank and after a resume (DataLoader: the order and the augmentation follow from the seed).
 class ImageData : public DataSource {
  public:
-  ImageData(ViT& model, data::DataLoader loader, Device device)
-      : model_(model), loader_(std::move(loader)), device_(device) {}
+  ImageData(ViT& model, data::DataLoader loader, Device device, double label_smoothing)
+      : model_(model), loader_(std::move(loader)), device_(device), smoothing_(label_smoothing) {}
   int64_t plan(int64_t epoch) override {
     epoch_ = epoch;
     return loader_.batches();
@@ -84,13 +84,14 @@ class ImageData : public DataSource {
            b.target.slice(0, shard_rank_, b.target.size(0), shard_world_).contiguous()};
     }
     Tensor x = b.data.to(device_), y = b.target.to(device_);
-    return {x.size(0), [this, x, y] { return model_.loss(x, y); }};
+    return {x.size(0), [this, x, y] { return model_.loss(x, y, smoothing_); }};
   }
 
  private:
   ViT& model_;
   data::DataLoader loader_;
   Device device_;
+  double smoothing_;
   int64_t epoch_ = 1;
 };
 
@@ -207,7 +208,7 @@ ImageResult train_image_classifier(const ImageOptions& options) {
     b.data = norm.apply(b.data);
     return b;
   });
-  ImageData batches(model, loader, device);
+  ImageData batches(model, loader, device, o.label_smoothing);
   const int64_t steps_per_epoch = loader.batches(), total_steps = steps_per_epoch * to.epochs;
   optim::CosineSchedule schedule(o.lr, std::min(o.warmup, total_steps), total_steps, o.min_lr);
   std::printf("train: ViT %s (patch %lld every %lld, %lld tokens, %lld layers, %lld heads, d_model %lld, %lld parameters) on %s: %lld train, "

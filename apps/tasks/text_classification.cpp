@@ -137,8 +137,12 @@ class MailBatches : public DataSource {
  public:
   using Make = std::function<TrainBatch(const std::vector<int64_t>& rows, Generator& gen)>;
   MailBatches(int64_t n, int64_t batch, uint64_t seed, Make make)
-      : loader_(data::TensorDataset(arange(n).reshape({n, 1}), arange(n)), options(batch, seed)), make_(std::move(make)),
-        seed_(seed) {}
+      : loader_(data::TensorDataset(arange(n).reshape({n, 1}), arange(n)), options(batch, seed),
+                [this](data::Batch b, Generator& g) {
+                  batch_gen_ = g;  // the batch's own generator, one per (seed, epoch, batch)
+                  return b;
+                }),
+        make_(std::move(make)) {}
   int64_t plan(int64_t epoch) override {
     epoch_ = epoch;
     return loader_.batches();
@@ -147,8 +151,7 @@ class MailBatches : public DataSource {
     std::vector<int64_t> rows = loader_.batch(epoch_, i).target.to_vector<int64_t>();
     rows = shard_of(rows, shard_rank_, shard_world_);
     if (rows.empty()) return {0, {}};
-    Generator gen(seed_ * 1000003u + static_cast<uint64_t>(epoch_) * 10007u + static_cast<uint64_t>(i));
-    return make_(rows, gen);
+    return make_(rows, batch_gen_);
   }
 
  private:
@@ -157,9 +160,9 @@ class MailBatches : public DataSource {
     o.batch_size = batch, o.seed = seed;
     return o;
   }
+  Generator batch_gen_{0};
   data::DataLoader loader_;
   Make make_;
-  uint64_t seed_;
   int64_t epoch_ = 1;
 };
 
@@ -172,9 +175,12 @@ std::unique_ptr<optim::AdamW> text_adamw(nn::Module& model, const TextOptions& o
       std::vector<optim::ParamGroup>{{decay, std::nullopt, o.weight_decay}, {no_decay, std::nullopt, 0.0}}, ao);
 }
 
-std::map<std::string, std::string> bert_metadata(const BertConfig& c, const std::string& task, const std::string& model) {
+// max_len: the tokens per mail the model was trained on; positions: its position table (BertConfig::max_len).
+std::map<std::string, std::string> bert_metadata(const BertConfig& c, const std::string& task, const std::string& model,
+                                                 int64_t max_len) {
   return {{"task", task},           {"model", model},
-          {"vocab", std::to_string(c.vocab)},       {"max_len", std::to_string(c.max_len)},
+          {"vocab", std::to_string(c.vocab)},       {"max_len", std::to_string(max_len)},
+          {"positions", std::to_string(c.max_len)},
           {"classes", std::to_string(c.classes)},   {"layers", std::to_string(c.layers)},
           {"heads", std::to_string(c.heads)},       {"d_model", std::to_string(c.d_model)},
           {"d_ff", std::to_string(c.d_ff)},         {"norm_first", c.norm_first ? "1" : "0"}};
@@ -199,7 +205,7 @@ struct SavedModel {
   }
   BertConfig bert_config() const {
     BertConfig c;
-    c.vocab = num("vocab"), c.max_len = num("max_len"), c.classes = num("classes"), c.layers = num("layers");
+    c.vocab = num("vocab"), c.max_len = num("positions"), c.classes = num("classes"), c.layers = num("layers");
     c.heads = num("heads"), c.d_model = num("d_model"), c.d_ff = num("d_ff"), c.norm_first = meta("norm_first") == "1";
     return c;
   }
@@ -260,7 +266,8 @@ TextResult train_mlm(const TextOptions& options) {
   const uint64_t seed = to.seed;
   const double prob = o.mask_prob;
   auto mask = [&, prob](const Tensor& ids, Generator& gen) {
-    return models::mask_tokens(ids, mask_id, cfg.vocab, 4, kSpecial, gen, prob);
+    // Random replacements come from the pieces (4 ..): never a special id or [MASK] itself.
+    return models::mask_tokens(ids, mask_id, mask_id, 4, kSpecial, gen, prob);
   };
   MailBatches batches(static_cast<int64_t>(train.size()), o.batch, seed,
                       [&](const std::vector<int64_t>& rows, Generator& gen) {
@@ -280,7 +287,7 @@ TextResult train_mlm(const TextOptions& options) {
   to.recipe = table.recipe();
   to.recipe.insert({{"task", "mlm"}, {"data", corpus.dir}});
   to.run_files = {{"config.toml", table.to_toml()}};
-  to.model_metadata = bert_metadata(cfg, "mlm", "bert");
+  to.model_metadata = bert_metadata(cfg, "mlm", "bert", cfg.max_len);
   to.curves_title = fmt::format("masked LM {} on {}", o.config, corpus.dir);
 
   Trainer trainer(model, *adamw, &schedule, to);
@@ -409,7 +416,7 @@ TextResult train_text_classifier(const TextOptions& options) {
   to.recipe = table.recipe();
   to.recipe.insert({{"task", "classify"}, {"data", corpus.dir}});
   to.run_files = {{"config.toml", table.to_toml()}};
-  to.model_metadata = bert ? bert_metadata(cfg, "classify", "bert")
+  to.model_metadata = bert ? bert_metadata(cfg, "classify", "bert", max_len)
                            : std::map<std::string, std::string>{{"task", "classify"}, {"model", "bow"},
                                                                 {"vocab", std::to_string(bow->vocab)},
                                                                 {"max_len", std::to_string(max_len)}};

@@ -268,7 +268,10 @@ def train(a):
             xb = (augment(xt[idx], a.crop_padding, a.flip, gen) - mean) / std
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
-            loss = F.cross_entropy(model(xb), yt[idx], label_smoothing=a.label_smoothing)
+            # tapestry's smoothing is the paper's: 1 - eps on the gold class, eps / (K - 1) on each other.
+            # PyTorch's s gives 1 - s + s / K and s / K: the same targets for s = eps * K / (K - 1).
+            eps = a.label_smoothing * 10 / 9
+            loss = F.cross_entropy(model(xb), yt[idx], label_smoothing=eps)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

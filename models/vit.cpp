@@ -12,8 +12,8 @@ ViTConfig ViTConfig::named(const std::string& name) {
   ViTConfig c;
   if (name == "tiny") {
     c.patch_size = 7, c.layers = 2, c.heads = 2, c.d_model = 32, c.d_ff = 64;
-  } else if (name == "fmnist") {
-    c.patch_size = 4, c.layers = 4, c.heads = 4, c.d_model = 64, c.d_ff = 128;
+  } else if (name == "fmnist") {  // overlapping 8x8 patches every 4 pixels: 6x6 of them
+    c.patch_size = 8, c.patch_stride = 4, c.layers = 4, c.heads = 4, c.d_model = 64, c.d_ff = 128;
   } else if (name == "small") {
     c.patch_size = 4, c.layers = 6, c.heads = 4, c.d_model = 96, c.d_ff = 192;
   } else {

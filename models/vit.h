@@ -22,8 +22,8 @@ struct ViTConfig {
   std::string activation = "gelu";
 
   // "tiny" (patch 7, 2 layers, 2 heads, 32; for tests), "small" (patch 4, 6 layers, 4 heads, 96,
-  // d_ff 192) and "fmnist" (patch 4, 4 layers, 4 heads, 64, d_ff 128: the Fashion-MNIST
-  // recipe); all 28 x 28, one channel, 10 classes.
+  // d_ff 192) and "fmnist" (8x8 patches every 4 pixels, 4 layers, 4 heads, 64, d_ff 128: the
+  // Fashion-MNIST recipe); all 28 x 28, one channel, 10 classes.
   static ViTConfig named(const std::string& name);
   static std::vector<std::string> names();
   int64_t stride() const { return patch_stride > 0 ? patch_stride : patch_size; }

@@ -24,8 +24,8 @@ int main(int argc, char** argv) {
   try {
     manual_seed(21);
     models::ViTConfig c;
-    // Two channels and a 2x2 grid of 4x4 patches: a wrong channel or patch order shows.
-    c.image_size = 8, c.channels = 2, c.patch_size = 4, c.classes = 5;
+    // Two channels and a 3x3 grid of overlapping 4x4 patches: a wrong channel or patch order shows.
+    c.image_size = 8, c.channels = 2, c.patch_size = 4, c.patch_stride = 2, c.classes = 5;
     c.d_model = 16, c.layers = 2, c.heads = 4, c.d_ff = 24, c.dropout = 0.0;
     const double lr = 1e-3, weight_decay = 0.05;
     models::ViT model(c);
@@ -66,7 +66,8 @@ int main(int argc, char** argv) {
     auto num = [](double v) { return fmt::format("{}", v); };
     nn::save_safetensors(argv[1], dump,
                          {{"image_size", std::to_string(c.image_size)}, {"channels", std::to_string(c.channels)},
-                          {"patch_size", std::to_string(c.patch_size)}, {"classes", std::to_string(c.classes)},
+                          {"patch_size", std::to_string(c.patch_size)}, {"patch_stride", std::to_string(c.stride())},
+                          {"classes", std::to_string(c.classes)},
                           {"d_model", std::to_string(c.d_model)},       {"layers", std::to_string(c.layers)},
                           {"heads", std::to_string(c.heads)},           {"d_ff", std::to_string(c.d_ff)},
                           {"ln_eps", num(c.ln_eps)},                    {"activation", c.activation},

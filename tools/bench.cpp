@@ -224,7 +224,7 @@ int run_vit_bench(const BenchOptions& o, int threads) {
                 static_cast<long long>(model.num_parameters()));
     return 0;
   }
-  std::printf("workload vit: ViT fmnist (patch 4, 4 layers, 4 heads, d_model 64), batch %lld of 28x28, %lld parameters, "
+  std::printf("workload vit: ViT fmnist (8x8 patches every 4 pixels, 4 layers, 4 heads, d_model 64), batch %lld of 28x28, %lld parameters, "
               "%d threads\n",
               (long long)batch, (long long)model.num_parameters(), threads);
   std::printf("train step        %8.2f ms median (min %.2f, max %.2f, %d steps)\n", step_ms, mn, mx, o.steps);

@@ -40,8 +40,8 @@ OptionTable options_table(ImageOptions& o) {
   t.take(trainer, "out");
   t.add("config", o.config, "model size").one_of(ViTConfig::names()).recipe();
   t.add("patch", o.patch, "patch size in pixels (0: the config's)").at_least(0).recipe();
-  t.add("patch-stride", o.patch_stride, "pixels between patches (0: the patch size; less: overlapping)").at_least(0)
-      .recipe();
+  t.add("patch-stride", o.patch_stride, "pixels between patches (0: the config's, or with --patch the patch size; "
+        "less than the size: overlapping)").at_least(0).recipe();
   t.add("batch", o.batch, "images per batch").positive().recipe();
   t.take(trainer, "epochs").recipe();  // the cosine schedule spans them
   t.add("warmup", o.warmup, "steps of linear warmup before the cosine decay").positive();
@@ -54,7 +54,7 @@ OptionTable options_table(ImageOptions& o) {
   t.add("val-size", o.val_size, "training images held out for validation").positive().recipe();
   t.add("crop-padding", o.crop_padding, "augmentation: random crop after zero-padding by this much (0: none)")
       .at_least(0);
-  t.add("no-flip", o.flip, "augmentation: no random horizontal flips").recipe("flip").clears = true;
+  t.add("flip", o.flip, "augmentation: random horizontal flips").recipe();
   t.take(trainer, "clip-norm");
   t.take(trainer, "seed").recipe();
   t.add("limit", o.limit, "train on the first N training images only (0: all)").at_least(0).recipe();
@@ -186,8 +186,8 @@ ImageResult train_image_classifier(const ImageOptions& options) {
            dir, train_set.images.size(2), train_set.images.size(3));
   cfg.classes = std::max<int64_t>(cfg.classes, train_set.labels.max().item<int64_t>() + 1);
   cfg.dropout = o.dropout;
-  if (o.patch > 0) cfg.patch_size = o.patch;
-  cfg.patch_stride = o.patch_stride;
+  if (o.patch > 0) cfg.patch_size = o.patch, cfg.patch_stride = 0;  // a new size: non-overlapping unless told
+  if (o.patch_stride > 0) cfg.patch_stride = o.patch_stride;
   cfg.validate();
   train_set = {};
   RunFolder folder(to.out_dir, to.resume, to.overwrite, {"config.toml", "confusion.txt", "confusion.svg"});

@@ -39,7 +39,7 @@ class ViT(nn.Module):
         super().__init__()
         self.c = c
         d, p = c["d_model"], c["patch_size"]
-        n = (c["image_size"] // p) ** 2
+        n = ((c["image_size"] - p) // c.get("patch_stride", p) + 1) ** 2
         self.patch_embed = nn.Linear(c["channels"] * p * p, d)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
         self.pos_embed = nn.Parameter(torch.zeros(1, n + 1, d))
@@ -65,7 +65,7 @@ class ViT(nn.Module):
 
     def forward(self, images):
         p = self.c["patch_size"]
-        x = self.patch_embed(F.unfold(images, p, stride=p).transpose(1, 2))
+        x = self.patch_embed(F.unfold(images, p, stride=self.c.get("patch_stride", p)).transpose(1, 2))
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1) + self.pos_embed
         return self.head(self.encoder(self.dropout(x))[:, 0])
 
@@ -110,8 +110,8 @@ def rel_err(a, b, floor=1e-12):
 
 def check(path, verbose):
     tensors, meta = load_safetensors(path)
-    c = {k: int(meta[k]) for k in ("image_size", "channels", "patch_size", "classes", "d_model", "layers", "heads",
-                                   "d_ff")}
+    c = {k: int(meta[k]) for k in ("image_size", "channels", "patch_size", "patch_stride", "classes", "d_model",
+                                   "layers", "heads", "d_ff")}
     c["ln_eps"], c["activation"] = float(meta["ln_eps"]), meta["activation"]
     model = ViT(c)
     names = sorted(k[len("grad."):] for k in tensors if k.startswith("grad."))
@@ -198,7 +198,8 @@ def read_split(folder, prefix):
     return images, read_idx(find(f"{prefix}-labels-idx1-ubyte")).long()
 
 
-CONFIGS = {"tiny": (7, 2, 2, 32, 64), "fmnist": (4, 4, 4, 64, 128), "small": (4, 6, 4, 96, 192)}
+# name: (patch, stride, layers, heads, d_model, d_ff), as models::ViTConfig::named
+CONFIGS = {"tiny": (7, 7, 2, 2, 32, 64), "fmnist": (8, 4, 4, 4, 64, 128), "small": (4, 4, 6, 4, 96, 192)}
 
 
 def augment(x, pad, flip, gen):
@@ -236,8 +237,8 @@ def train(a):
     xv, yv, xt, yt = x[val_idx], y[val_idx], x[train_idx], y[train_idx]
     mean, std = xt.mean().item(), xt.var().sqrt().item()  # as the task: the training split's figures
     xv = (xv - mean) / std  # training batches: after their augmentation
-    p, layers, heads, d, ff = CONFIGS[a.config]
-    c = dict(image_size=x.shape[2], channels=1, patch_size=p, classes=10, d_model=d, layers=layers, heads=heads,
+    p, stride, layers, heads, d, ff = CONFIGS[a.config]
+    c = dict(image_size=x.shape[2], channels=1, patch_size=p, patch_stride=stride, classes=10, d_model=d, layers=layers, heads=heads,
              d_ff=ff, ln_eps=1e-5, activation="gelu")
     model = ViT(c, a.dropout)
     model.init_weights()
@@ -301,7 +302,7 @@ def main():
     t = sub.add_parser("train")
     t.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     t.add_argument("--config", default="fmnist", choices=sorted(CONFIGS))
-    t.add_argument("--epochs", type=int, default=10)
+    t.add_argument("--epochs", type=int, default=14)
     t.add_argument("--batch", type=int, default=128)
     t.add_argument("--lr", type=float, default=2e-3)
     t.add_argument("--min-lr", type=float, default=1e-5)
@@ -310,8 +311,8 @@ def main():
     t.add_argument("--dropout", type=float, default=0.0)
     t.add_argument("--label-smoothing", type=float, default=0.0)
     t.add_argument("--val-size", type=int, default=5000)
-    t.add_argument("--crop-padding", type=int, default=2)
-    t.add_argument("--flip", type=int, default=1)
+    t.add_argument("--crop-padding", type=int, default=0)
+    t.add_argument("--flip", type=int, default=0)
     t.add_argument("--seed", type=int, default=1)
     t.add_argument("--threads", type=int, default=2)
     t.add_argument("--time-limit", type=float, default=0, help="seconds of training (0: none)")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from safetensors_file import load_safetensors  # noqa: E402
-from vit_ref import TOL, gather, rel_err, torch_name  # noqa: E402
+from vit_ref import Comparer, gather, torch_name  # noqa: E402
 
 
 class Bert(nn.Module):
@@ -68,23 +68,7 @@ def check(path, verbose):
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(start[n])
-    failures, rows = [], []
-
-    def compare(name, a, b, floor=1e-12, allow=None, valid=None):
-        if tuple(a.shape) != tuple(b.shape):
-            failures.append(f"{name}: tapestry shape {list(a.shape)}, reference {list(b.shape)}")
-            return
-        a, b = a.double(), b.double()
-        if valid is not None:  # compare only where the output means something
-            a, b = a[valid], b[valid]
-        if allow is None:
-            e = rel_err(a, b, floor)
-        else:
-            excess = ((a - b).abs() - allow).clamp(min=0)
-            e = excess.max().item() / max(b.abs().max().item(), floor)
-        rows.append((name, e))
-        if not e < TOL:
-            failures.append(f"{name}: relative error {e:.3g} >= {TOL}")
+    compare = Comparer()
 
     ids, mlm_labels = tensors["batch.ids"], tensors["batch.mlm_labels"]
     class_ids, labels = tensors["batch.class_ids"], tensors["batch.labels"]
@@ -105,26 +89,9 @@ def check(path, verbose):
         compare("grad." + n, got[n], ref[n], floor=1e-3 * gmax)
 
     opt = torch.optim.AdamW(model.parameters(), lr=float(meta["adamw_lr"]), weight_decay=float(meta["weight_decay"]))
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.grad = got[n].clone()
-    opt.step()
-    after = gather(tensors, "adamw.", names, model)
-    eps32 = torch.finfo(torch.float32).eps
-    for n, p in model.named_parameters():
-        allow = 4 * eps32 * torch.stack([start[n].abs().double(), p.detach().abs().double()]).amax(0)
-        compare("adamw." + n, after[n] - start[n], p.detach() - start[n], allow=allow)
-
-    worst = max(rows, key=lambda r: r[1])
-    print(f"bert parity ({'pre' if c['norm_first'] else 'post'}-norm): {len(rows)} tensors compared, MLM loss "
-          f"{mlm.item():.6f}, class loss {cls.item():.6f}, worst relative error {worst[1]:.2e} ({worst[0]})")
-    if verbose:
-        for name, e in rows:
-            print(f"  {name:50s} {e:.2e}")
-    if failures:
-        print("MISMATCH:\n  " + "\n  ".join(failures))
-        return 1
-    return 0
+    compare.adamw_moves(model, opt, tensors, names, start, got)
+    return compare.report(f"bert parity ({'pre' if c['norm_first'] else 'post'}-norm): MLM loss {mlm.item():.6f}, "
+                          f"class loss {cls.item():.6f}", verbose)
 
 
 def main():

@@ -108,6 +108,56 @@ def rel_err(a, b, floor=1e-12):
     return (a - b).abs().max().item() / max(scale, floor) if b.numel() else 0.0
 
 
+class Comparer:
+    """Records each tensor's error (max |tapestry - reference| over the reference's largest
+    magnitude, at least `floor`; `allow`, elementwise and absolute, is taken off each difference
+    first: rounding no implementation avoids; `valid` picks the elements that mean something)
+    and the failures above TOL. The parity checks of vit_ref.py and bert_ref.py share it."""
+
+    def __init__(self):
+        self.rows, self.failures = [], []
+
+    def __call__(self, name, a, b, floor=1e-12, allow=None, valid=None):
+        if tuple(a.shape) != tuple(b.shape):
+            self.failures.append(f"{name}: tapestry shape {list(a.shape)}, reference {list(b.shape)}")
+            return
+        a, b = a.double(), b.double()
+        if valid is not None:
+            a, b = a[valid], b[valid]
+        if allow is None:
+            e = rel_err(a, b, floor)
+        else:
+            excess = ((a - b).abs() - allow).clamp(min=0)
+            e = excess.max().item() / max(b.abs().max().item(), floor) if b.numel() else 0.0
+        self.rows.append((name, e))
+        if not e < TOL:  # also catches NaN
+            self.failures.append(f"{name}: relative error {e:.3g} >= {TOL}")
+
+    def adamw_moves(self, model, opt, tensors, names, start, grads):
+        """One step of `opt` with tapestry's gradients (already compared), then each parameter's
+        move against tapestry's, allowing 4 float32 epsilons of the weights' own rounding."""
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.grad = grads[n].clone()
+        opt.step()
+        after = gather(tensors, "adamw.", names, model)
+        eps32 = torch.finfo(torch.float32).eps
+        for n, p in model.named_parameters():
+            allow = 4 * eps32 * torch.stack([start[n].abs().double(), p.detach().abs().double()]).amax(0)
+            self(f"adamw.{n}", after[n] - start[n], p.detach() - start[n], allow=allow)
+
+    def report(self, summary, verbose):
+        worst = max(self.rows, key=lambda r: r[1])
+        print(f"{summary}, {len(self.rows)} tensors compared, worst relative error {worst[1]:.2e} ({worst[0]})")
+        if verbose:
+            for name, e in self.rows:
+                print(f"  {name:50s} {e:.2e}")
+        if self.failures:
+            print("MISMATCH:\n  " + "\n  ".join(self.failures))
+            return 1
+        return 0
+
+
 def check(path, verbose):
     tensors, meta = load_safetensors(path)
     c = {k: int(meta[k]) for k in ("image_size", "channels", "patch_size", "patch_stride", "classes", "d_model",
@@ -125,20 +175,7 @@ def check(path, verbose):
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(start[n])
-    failures, rows = [], []
-
-    def compare(name, a, b, floor=1e-12, allow=None):
-        if tuple(a.shape) != tuple(b.shape):
-            failures.append(f"{name}: tapestry shape {list(a.shape)}, reference {list(b.shape)}")
-            return
-        if allow is None:
-            e = rel_err(a.double(), b.double(), floor)
-        else:
-            excess = ((a.double() - b.double()).abs() - allow).clamp(min=0)
-            e = excess.max().item() / max(b.abs().max().item(), floor)
-        rows.append((name, e))
-        if not e < TOL:
-            failures.append(f"{name}: relative error {e:.3g} >= {TOL}")
+    compare = Comparer()
 
     images, labels = tensors["batch.images"], tensors["batch.labels"]
     logits = model(images)
@@ -155,31 +192,13 @@ def check(path, verbose):
     decay, no_decay = decay_split(model)
     got = sorted(torch_name(n)[0] for n in meta["decay_params"].split(",") if n)
     if sorted(set(got)) != sorted(decay):
-        failures.append(f"decay_params: tapestry decays {sorted(set(got))}, expected {sorted(decay)}")
+        compare.failures.append(f"decay_params: tapestry decays {sorted(set(got))}, expected {sorted(decay)}")
     params = dict(model.named_parameters())
     wd, lr = float(meta["weight_decay"]), float(meta["adamw_lr"])
     opt = torch.optim.AdamW([{"params": [params[n] for n in decay], "weight_decay": wd},
                              {"params": [params[n] for n in no_decay], "weight_decay": 0.0}], lr=lr)
-    with torch.no_grad():  # stepped with tapestry's own gradients (compared above)
-        for n, p in model.named_parameters():
-            p.grad = our_grads[n].clone()
-    opt.step()
-    after = gather(tensors, "adamw.", names, model)
-    eps32 = torch.finfo(torch.float32).eps
-    for n, p in model.named_parameters():
-        allow = 4 * eps32 * torch.stack([start[n].abs().double(), p.detach().abs().double()]).amax(0)
-        compare("adamw." + n, after[n] - start[n], p.detach() - start[n], allow=allow)
-
-    worst = max(rows, key=lambda r: r[1])
-    print(f"vit parity: {len(rows)} tensors compared, loss {loss.item():.6f}, worst relative error {worst[1]:.2e} "
-          f"({worst[0]})")
-    if verbose:
-        for name, e in rows:
-            print(f"  {name:50s} {e:.2e}")
-    if failures:
-        print("MISMATCH:\n  " + "\n  ".join(failures))
-        return 1
-    return 0
+    compare.adamw_moves(model, opt, tensors, names, start, our_grads)
+    return compare.report(f"vit parity: loss {loss.item():.6f}", verbose)
 
 
 # ---------------------------------------------------------------- the twin's training run

@@ -7,6 +7,7 @@
 
 #include "apps/eval/image_plots.h"
 #include "apps/train/run_dir.h"
+#include "apps/train/saved_model.h"
 #include "tapestry/data/dataloader.h"
 #include "tapestry/data/idx.h"
 #include "tapestry/data/transforms.h"
@@ -269,24 +270,10 @@ ImageResult train_image_classifier(const ImageOptions& options) {
 }
 
 ImageClassifier load_image_classifier(const std::string& dir) {
-  const std::string path = dir + "/model.safetensors";
-  TP_CHECK(file_exists(path), "{} not found (train with `tapestry train --task image --out {}`)", path, dir);
-  auto file = nn::load_safetensors(path);
-  auto meta = [&](const char* key) {
-    auto it = file.metadata.find(key);
-    TP_CHECK(it != file.metadata.end(), "{} records no '{}' (not an image classifier written by tapestry train)", path,
-             key);
-    return it->second;
-  };
-  TP_CHECK(meta("task") == "image", "{} holds a '{}' model, not an image classifier", path, meta("task"));
-  auto num = [&](const char* key) {
-    try {
-      return std::stoll(meta(key));
-    } catch (const std::logic_error&) {
-      TP_CHECK(false, "{}: metadata '{}' is not a number: '{}'", path, key, meta(key));
-      return 0LL;
-    }
-  };
+  const SavedModel saved = read_saved_model(dir, {"image"}, "an image classifier", "tapestry train --task image");
+  const std::string& path = saved.path;
+  auto meta = [&](const char* key) { return saved.meta(key); };
+  auto num = [&](const char* key) { return saved.num(key); };
   ViTConfig c;
   c.image_size = num("image_size"), c.channels = num("channels"), c.patch_size = num("patch_size");
   c.patch_stride = num("patch_stride");
@@ -294,7 +281,7 @@ ImageClassifier load_image_classifier(const std::string& dir) {
   c.d_ff = num("d_ff"), c.activation = meta("activation"), c.dropout = 0;
   ImageClassifier r;
   r.model = std::make_shared<ViT>(c);
-  r.model->load_state_dict(file.as_map());
+  r.model->load_state_dict(saved.file.as_map());
   r.model->eval();
   r.data_dir = meta("data");
   try {

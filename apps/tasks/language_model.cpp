@@ -15,6 +15,7 @@
 #include "apps/data/subword.h"
 #include "apps/data/text.h"
 #include "apps/train/run_dir.h"
+#include "apps/train/saved_model.h"
 #include "apps/train/trainer.h"
 #include "tapestry/ops/file.h"
 #include "tapestry/dist/dist.h"
@@ -350,23 +351,10 @@ LMResult train_language_model(const LMOptions& options) {
 }
 
 LanguageModel load_language_model(const std::string& dir) {
-  const std::string path = dir + "/model.safetensors";
-  TP_CHECK(file_exists(path), "{} not found (train with `tapestry train --task lm --out {}`)", path, dir);
-  auto file = nn::load_safetensors(path);
-  auto meta = [&](const char* key) {
-    auto it = file.metadata.find(key);
-    TP_CHECK(it != file.metadata.end(), "{} records no '{}' (not a language model written by tapestry train)", path,
-             key);
-    return it->second;
-  };
-  TP_CHECK(meta("task") == "lm", "{} is not a language model (task '{}')", path, meta("task"));
-  auto number = [&](const char* key) {
-    try {
-      return static_cast<int64_t>(std::stoll(meta(key)));
-    } catch (const std::logic_error&) {
-      throw Error(fmt::format("{}: metadata '{}' is not a number: '{}'", path, key, meta(key)));
-    }
-  };
+  const SavedModel saved = read_saved_model(dir, {"lm"}, "a language model", "tapestry train --task lm");
+  const std::string& path = saved.path;
+  auto meta = [&](const char* key) { return saved.meta(key); };
+  auto number = [&](const char* key) { return saved.num(key); };
   GPTConfig c;
   c.vocab = number("vocab"), c.block_size = number("block_size"), c.layers = number("layers");
   c.heads = number("heads"), c.d_model = number("d_model"), c.d_ff = number("d_ff");
@@ -381,7 +369,7 @@ LanguageModel load_language_model(const std::string& dir) {
   TP_CHECK(lm.tokenizer->vocab_size() == c.vocab, "{}: the model has {} tokens but the tokenizer {}", path, c.vocab,
            lm.tokenizer->vocab_size());
   lm.model = std::make_shared<GPT>(c);
-  lm.model->load_state_dict(file.as_map());
+  lm.model->load_state_dict(saved.file.as_map());
   lm.model->eval();
   return lm;
 }

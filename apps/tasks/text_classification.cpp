@@ -7,6 +7,7 @@
 
 #include "apps/data/mail_corpus.h"
 #include "apps/train/run_dir.h"
+#include "apps/train/saved_model.h"
 #include "tapestry/data/dataloader.h"
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/ops/file.h"
@@ -186,37 +187,12 @@ std::map<std::string, std::string> bert_metadata(const BertConfig& c, const std:
           {"d_ff", std::to_string(c.d_ff)},         {"norm_first", c.norm_first ? "1" : "0"}};
 }
 
-// A weights file's metadata, each key checked.
-struct SavedModel {
-  std::string path;
-  nn::SafetensorsFile file;
-  std::string meta(const char* key) const {
-    auto it = file.metadata.find(key);
-    TP_CHECK(it != file.metadata.end(), "{} records no '{}' (not a text model written by tapestry train)", path, key);
-    return it->second;
-  }
-  int64_t num(const char* key) const {
-    try {
-      return std::stoll(meta(key));
-    } catch (const std::logic_error&) {
-      TP_CHECK(false, "{}: metadata '{}' is not a number: '{}'", path, key, meta(key));
-      return 0;
-    }
-  }
-  BertConfig bert_config() const {
-    BertConfig c;
-    c.vocab = num("vocab"), c.max_len = num("positions"), c.classes = num("classes"), c.layers = num("layers");
-    c.heads = num("heads"), c.d_model = num("d_model"), c.d_ff = num("d_ff"), c.norm_first = meta("norm_first") == "1";
-    return c;
-  }
-};
-
-SavedModel read_saved(const std::string& dir) {
-  SavedModel s;
-  s.path = dir + "/model.safetensors";
-  TP_CHECK(file_exists(s.path), "{} not found (train with `tapestry train --task mlm` or `--task classify`)", s.path);
-  s.file = nn::load_safetensors(s.path);
-  return s;
+BertConfig bert_config(const SavedModel& s) {
+  BertConfig c;
+  c.vocab = s.num("vocab"), c.max_len = s.num("positions"), c.classes = s.num("classes"), c.layers = s.num("layers");
+  c.heads = s.num("heads"), c.d_model = s.num("d_model"), c.d_ff = s.num("d_ff");
+  c.norm_first = s.meta("norm_first") == "1";
+  return c;
 }
 
 // The run folder's tokenizer: copied from --init's folder, or trained on the training split.
@@ -359,7 +335,8 @@ TextResult train_text_classifier(const TextOptions& options) {
   TP_CHECK(o.init.empty() || o.model == "bert", "train: --init fine-tunes the encoder; --model bow starts from scratch");
   if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
   std::optional<SavedModel> init;
-  if (!o.init.empty()) init = read_saved(o.init);  // before the data are read or a folder made
+  if (!o.init.empty())  // before the data are read or a folder made
+    init = read_saved_model(o.init, {"mlm", "classify"}, "a text encoder", "tapestry train --task mlm");
   TrainerOptions to = o.trainer;
   const Corpus corpus = read_corpus(o);
   RunFolder folder(to.out_dir, to.resume, to.overwrite,
@@ -370,7 +347,7 @@ TextResult train_text_classifier(const TextOptions& options) {
   // The model: the MLM run's encoder (its config and weights; a fresh classifier), a fresh one, or the bag of words.
   std::shared_ptr<Bert> bert;
   std::shared_ptr<BagOfWords> bow;
-  BertConfig cfg = init ? init->bert_config() : BertConfig::named(o.config, sp->vocab_size() + 1);
+  BertConfig cfg = init ? bert_config(*init) : BertConfig::named(o.config, sp->vocab_size() + 1);
   if (init) TP_CHECK(cfg.vocab == sp->vocab_size() + 1, "{}: its vocabulary of {} does not match {}/spm.model's {} + [MASK]",
                      init->path, cfg.vocab, o.init, sp->vocab_size());
   if (!init) cfg.max_len = o.max_len;
@@ -466,9 +443,7 @@ std::vector<double> TextClassifier::spam_probability(const std::vector<std::stri
 }
 
 TextClassifier load_text_classifier(const std::string& dir) {
-  SavedModel s = read_saved(dir);
-  TP_CHECK(s.meta("task") == "classify", "{} holds a '{}' model, not a classifier (train one with `tapestry train "
-           "--task classify`)", s.path, s.meta("task"));
+  const SavedModel s = read_saved_model(dir, {"classify"}, "a text classifier", "tapestry train --task classify");
   TP_CHECK(file_exists(dir + "/spm.model"), "{}/spm.model not found: the classifier's tokenizer is missing", dir);
   TextClassifier c;
   c.subword = std::make_unique<Subword>(dir + "/spm.model");
@@ -478,7 +453,7 @@ TextClassifier load_text_classifier(const std::string& dir) {
     c.bow->load_state_dict(s.file.as_map());
     c.bow->eval();
   } else {
-    BertConfig cfg = s.bert_config();
+    BertConfig cfg = bert_config(s);
     cfg.dropout = 0;
     c.bert = std::make_shared<Bert>(cfg);
     c.bert->load_state_dict(s.file.as_map());

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tapestry/tapestry.h"
@@ -36,6 +37,24 @@ inline double max_diff(const Tensor& a, const Tensor& b) {
     d = std::max(d, e);
   }
   return d;
+}
+
+// Takes `steps` AdamW steps (lr 3e-3) on the loss `loss_of` computes over `params`; returns the
+// first and the last loss (the small-data "loss falls" tests).
+template <class F> std::pair<double, double> first_and_last_loss(const std::vector<Tensor>& params, F&& loss_of, int steps) {
+  optim::AdamOptions ao;
+  ao.lr = 3e-3;
+  optim::AdamW opt(params, ao);
+  double first = 0, last = 0;
+  for (int step = 0; step < steps; ++step) {
+    Tensor loss = loss_of();
+    if (step == 0) first = loss.item<double>();
+    last = loss.item<double>();
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+  return {first, last};
 }
 
 // Runs f and returns the message of the tapestry::Error it throws ("" if none).

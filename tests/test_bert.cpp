@@ -94,18 +94,8 @@ TEST_CASE("Bert: a small-data run's classification loss falls") {
   Tensor ids = randint(5, 16, {48, 6}, kInt64, &g);
   ids.select(1, 0).fill_(2);
   Tensor labels = gt(eq(ids, 9.0).to(kFloat32).sum(std::vector<int64_t>{1}), 0.0).to(kInt64);
-  optim::AdamOptions ao;
-  ao.lr = 3e-3;
-  optim::AdamW opt(bert.parameters(), ao);
-  double first = 0, last = 0;
-  for (int step = 0; step < 80; ++step) {
-    Tensor loss = bert.class_loss(ids, labels);
-    if (step == 0) first = loss.item<double>();
-    last = loss.item<double>();
-    opt.zero_grad();
-    loss.backward();
-    opt.step();
-  }
+  const std::pair<double, double> losses = first_and_last_loss(bert.parameters(), [&] { return bert.class_loss(ids, labels); }, 80);
+  const double first = losses.first, last = losses.second;
   INFO("loss ", first, " -> ", last);
   CHECK(last < 0.3 * first);
 }

@@ -268,18 +268,8 @@ TEST_CASE("ViT: a small-data training run's loss falls") {
   Tensor cols = arange(8).to(kFloat32).reshape({1, 1, 1, 8}).expand({n, 1, 8, 8});
   Tensor left = lt(cols, 4.0), bright = eq(labels.reshape({n, 1, 1, 1}), 0.0);
   Tensor images = where(eq(left, bright), 1.0, zeros({n, 1, 8, 8})) + 0.3 * randn({n, 1, 8, 8});
-  optim::AdamOptions ao;
-  ao.lr = 3e-3;
-  optim::AdamW opt(vit.parameters(), ao);
-  double first = 0, last = 0;
-  for (int step = 0; step < 60; ++step) {
-    Tensor loss = vit.loss(images, labels);
-    if (step == 0) first = loss.item<double>();
-    last = loss.item<double>();
-    opt.zero_grad();
-    loss.backward();
-    opt.step();
-  }
+  const std::pair<double, double> losses = first_and_last_loss(vit.parameters(), [&] { return vit.loss(images, labels); }, 60);
+  const double first = losses.first, last = losses.second;
   INFO("loss ", first, " -> ", last);
   CHECK(last < 0.3 * first);
 }

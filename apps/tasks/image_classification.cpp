@@ -125,38 +125,31 @@ std::map<std::string, std::string> vit_metadata(const ViTConfig& c, const std::s
           {"data", data_dir}};
 }
 
-// Mean cross-entropy over images in batches, without gradients.
-double mean_loss(ViT& model, const Tensor& images, const Tensor& labels, int64_t batch) {
-  NoGradGuard no_grad;
-  const Device device = model.cls_token.device();
-  double sum = 0;
-  for (int64_t s = 0; s < images.size(0); s += batch) {
-    const int64_t e = std::min(images.size(0), s + batch);
-    Tensor logits = model.forward(images.slice(0, s, e).to(device));
-    sum += cross_entropy(logits, labels.slice(0, s, e).to(device), 0.0, -100, Reduction::Sum).item<double>();
-  }
-  return images.size(0) ? sum / static_cast<double>(images.size(0)) : 0.0;
-}
-
 }  // namespace
 
-double classify_accuracy(ViT& model, const Tensor& images, const Tensor& labels, int64_t batch,
-                         std::vector<std::vector<int64_t>>* confusion) {
+ImageScores score_images(ViT& model, const Tensor& images, const Tensor& labels, int64_t batch) {
   NoGradGuard no_grad;
   const Device device = model.cls_token.device();
-  const int64_t k = model.config.classes;
-  if (confusion) confusion->assign(static_cast<size_t>(k), std::vector<int64_t>(static_cast<size_t>(k), 0));
+  const int64_t k = model.config.classes, n = images.size(0);
+  ImageScores r;
+  r.confusion.assign(static_cast<size_t>(k), std::vector<int64_t>(static_cast<size_t>(k), 0));
+  double loss_sum = 0;
   int64_t correct = 0;
-  for (int64_t s = 0; s < images.size(0); s += batch) {
-    const int64_t e = std::min(images.size(0), s + batch);
-    std::vector<int64_t> pred = argmax(model.forward(images.slice(0, s, e).to(device)), 1).to_vector<int64_t>();
+  for (int64_t s = 0; s < n; s += batch) {  // one forward per batch serves the loss and the predictions
+    const int64_t e = std::min(n, s + batch);
+    const Tensor truth_t = labels.slice(0, s, e).to(device);
+    const Tensor logits = model.forward(images.slice(0, s, e).to(device));
+    loss_sum += cross_entropy(logits, truth_t, 0.0, -100, Reduction::Sum).item<double>();
+    std::vector<int64_t> pred = argmax(logits, 1).to_vector<int64_t>();
     std::vector<int64_t> truth = labels.slice(0, s, e).contiguous().to_vector<int64_t>();
     for (size_t i = 0; i < pred.size(); ++i) {
       correct += pred[i] == truth[i];
-      if (confusion && truth[i] >= 0 && truth[i] < k) ++(*confusion)[static_cast<size_t>(truth[i])][static_cast<size_t>(pred[i])];
+      if (truth[i] >= 0 && truth[i] < k) ++r.confusion[static_cast<size_t>(truth[i])][static_cast<size_t>(pred[i])];
     }
   }
-  return images.size(0) ? static_cast<double>(correct) / static_cast<double>(images.size(0)) : 0.0;
+  r.loss = n ? loss_sum / static_cast<double>(n) : 0.0;
+  r.accuracy = n ? static_cast<double>(correct) / static_cast<double>(n) : 0.0;
+  return r;
 }
 
 ImageResult train_image_classifier(const ImageOptions& options) {
@@ -231,9 +224,9 @@ ImageResult train_image_classifier(const ImageOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   Trainer trainer(model, *adamw, &schedule, to);
   trainer.evaluate = [&](int64_t, int64_t) {
-    return Metrics{{"val_loss", "val loss", mean_loss(model, val.data(), val.target(), 500), 4, "", false},
-                   {"val_accuracy", "val accuracy", 100 * classify_accuracy(model, val.data(), val.target(), 500), 2,
-                    "%", true}};
+    const ImageScores v = score_images(model, val.data(), val.target(), 500);
+    return Metrics{{"val_loss", "val loss", v.loss, 4, "", false},
+                   {"val_accuracy", "val accuracy", 100 * v.accuracy, 2, "%", true}};
   };
   const FitResult fit = trainer.fit(batches);
 
@@ -250,7 +243,9 @@ ImageResult train_image_classifier(const ImageOptions& options) {
   // The test images, once, with the final model.
   model.eval();
   const data::ImageSet test = data::read_mnist(dir, false);
-  r.test_accuracy = classify_accuracy(model, norm.apply(test.images), test.labels, 500, &r.confusion);
+  ImageScores t = score_images(model, norm.apply(test.images), test.labels, 500);
+  r.test_accuracy = t.accuracy;
+  r.confusion = std::move(t.confusion);
   const std::vector<std::string> names = class_names(dir, cfg.classes);
   const std::string table_text = confusion_table(r.confusion, names);
   if (!to.out_dir.empty()) {

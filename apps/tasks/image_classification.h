@@ -74,9 +74,12 @@ struct ImageClassifier {
 };
 ImageClassifier load_image_classifier(const std::string& checkpoint_dir);
 
-// Accuracy (0..1) and the confusion matrix of a model over images [N, C, H, W] with labels [N],
-// in batches, without gradients.
-double classify_accuracy(models::ViT& model, const Tensor& images, const Tensor& labels, int64_t batch,
-                         std::vector<std::vector<int64_t>>* confusion = nullptr);
+// Mean cross-entropy, accuracy (0..1) and the confusion matrix ([true][predicted]) of a model
+// over images [N, C, H, W] with labels [N], in batches, without gradients: one forward each.
+struct ImageScores {
+  double loss = 0, accuracy = 0;
+  std::vector<std::vector<int64_t>> confusion;
+};
+ImageScores score_images(models::ViT& model, const Tensor& images, const Tensor& labels, int64_t batch);
 
 }  // namespace tapestry::apps

@@ -117,6 +117,13 @@ Tensor pad_batch(const std::vector<std::vector<int64_t>>& seqs, const std::vecto
   return tensor(flat, {static_cast<int64_t>(which.size()), static_cast<int64_t>(T)});
 }
 
+// The row numbers start .. min(start + batch, n) - 1: one evaluation batch.
+std::vector<int64_t> batch_rows(size_t start, size_t n, int64_t batch) {
+  std::vector<int64_t> rows;
+  for (size_t i = start; i < std::min(n, start + static_cast<size_t>(batch)); ++i) rows.push_back(static_cast<int64_t>(i));
+  return rows;
+}
+
 const std::vector<int64_t> kSpecial = {Subword::kPad, Subword::kUnk, Subword::kBos, Subword::kEos};
 
 struct Corpus {
@@ -274,9 +281,7 @@ TextResult train_mlm(const TextOptions& options) {
     double loss = 0;
     int64_t targets = 0, correct = 0;
     for (size_t s = 0; s < val.size(); s += static_cast<size_t>(o.batch)) {
-      std::vector<int64_t> rows;
-      for (size_t i = s; i < std::min(val.size(), s + static_cast<size_t>(o.batch)); ++i) rows.push_back(static_cast<int64_t>(i));
-      models::MaskedTokens m = mask(pad_batch(val, rows), gen);
+      models::MaskedTokens m = mask(pad_batch(val, batch_rows(s, val.size(), o.batch)), gen);
       Tensor logits = model.mlm_logits(model.encode(m.ids)).reshape({-1, cfg.vocab});
       Tensor labels = m.labels.reshape({-1}).to(logits.device());
       loss += cross_entropy(logits, labels, 0.0, -100, Reduction::Sum).item<double>();
@@ -313,8 +318,7 @@ Scores score(const std::function<Tensor(const Tensor&)>& logits_of, const std::v
   NoGradGuard no_grad;
   Scores s;
   for (size_t start = 0; start < seqs.size(); start += static_cast<size_t>(batch)) {
-    std::vector<int64_t> rows;
-    for (size_t i = start; i < std::min(seqs.size(), start + static_cast<size_t>(batch)); ++i) rows.push_back(static_cast<int64_t>(i));
+    const std::vector<int64_t> rows = batch_rows(start, seqs.size(), batch);
     std::vector<int64_t> pred = argmax(logits_of(pad_batch(seqs, rows)), 1).to_vector<int64_t>();
     for (size_t k = 0; k < rows.size(); ++k) ++s.confusion[static_cast<size_t>(mails[static_cast<size_t>(rows[k])].label)][static_cast<size_t>(pred[k])];
   }

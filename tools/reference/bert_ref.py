@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from safetensors_file import load_safetensors  # noqa: E402
-from vit_ref import Comparer, gather, torch_name  # noqa: E402
+from vit_ref import Comparer, gather, load_dump  # noqa: E402
 
 
 class Bert(nn.Module):
@@ -58,16 +58,10 @@ def check(path, verbose):
     c = {k: int(meta[k]) for k in ("vocab", "max_len", "classes", "layers", "heads", "d_model", "d_ff", "pad_id")}
     c["ln_eps"], c["norm_first"] = float(meta["ln_eps"]), meta["norm_first"] == "1"
     model = Bert(c)
-    names = sorted(k[len("grad."):] for k in tensors if k.startswith("grad."))
-    mapped, ours = {torch_name(n)[0] for n in names}, {n for n, _ in model.named_parameters()}
-    if mapped != ours:
-        print(f"MISMATCH: parameter names differ:\n  reference only: {sorted(ours - mapped)}\n"
-              f"  tapestry only: {sorted(mapped - ours)}")
+    loaded = load_dump(model, tensors)
+    if loaded is None:
         return 1
-    start = gather(tensors, "", names, model)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(start[n])
+    names, start = loaded
     compare = Comparer()
 
     ids, mlm_labels = tensors["batch.ids"], tensors["batch.mlm_labels"]

@@ -98,6 +98,22 @@ def gather(tensors, prefix, names, model):
     return out
 
 
+def load_dump(model, tensors):
+    """Loads the dump's weights (tapestry's names) into the twin; returns (tapestry's parameter
+    names, the starting values in PyTorch's layout), or None after printing how the names differ."""
+    names = sorted(k[len("grad."):] for k in tensors if k.startswith("grad."))
+    mapped, ours = {torch_name(n)[0] for n in names}, {n for n, _ in model.named_parameters()}
+    if mapped != ours:
+        print(f"MISMATCH: parameter names differ:\n  reference only: {sorted(ours - mapped)}\n"
+              f"  tapestry only: {sorted(mapped - ours)}")
+        return None
+    start = gather(tensors, "", names, model)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(start[n])
+    return names, start
+
+
 def decay_split(model):
     decay = [n for n, p in model.named_parameters() if p.dim() >= 2 and n not in ("cls_token", "pos_embed")]
     return decay, [n for n, _ in model.named_parameters() if n not in decay]
@@ -164,17 +180,10 @@ def check(path, verbose):
                                    "layers", "heads", "d_ff")}
     c["ln_eps"], c["activation"] = float(meta["ln_eps"]), meta["activation"]
     model = ViT(c)
-    names = sorted(k[len("grad."):] for k in tensors if k.startswith("grad."))
-    mapped = {torch_name(n)[0] for n in names}
-    ours = {n for n, _ in model.named_parameters()}
-    if mapped != ours:
-        print(f"MISMATCH: parameter names differ:\n  reference only: {sorted(ours - mapped)}\n"
-              f"  tapestry only: {sorted(mapped - ours)}")
+    loaded = load_dump(model, tensors)
+    if loaded is None:
         return 1
-    start = gather(tensors, "", names, model)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(start[n])
+    names, start = loaded
     compare = Comparer()
 
     images, labels = tensors["batch.images"], tensors["batch.labels"]

@@ -3,7 +3,7 @@
 # workload and prints, for each figure, the ratio tapestry / PyTorch per pair with its min,
 # median and max. PyTorch runs with whichever OMP_WAIT_POLICY (PASSIVE or ACTIVE) gave it the
 # faster train step in a first probe; the choice is printed.
-#   tools/bench-compare.sh [WORKLOAD=small] [THREADS=2] [PAIRS=3] [STEPS=10]
+#   tools/bench-compare.sh [WORKLOAD=small] [THREADS=2] [PAIRS=3] [STEPS=10]     (WORKLOAD: copy, small, base or vit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workload="${1:-small}" threads="${2:-2}" pairs="${3:-3}" steps="${4:-10}"
@@ -30,7 +30,7 @@ python3 - "$out/ours.jsonl" "$out/torch.jsonl" <<'PY'
 import json, statistics, sys
 ours = [json.loads(l) for l in open(sys.argv[1])]
 torch = [json.loads(l) for l in open(sys.argv[2])]
-keys = [("tgt_tokens_per_s", "higher"), ("train_ms_median", "lower"), ("train_gflops", "higher"),
+keys = [("images_per_s", "higher"), ("train_ms_median", "lower"), ("peak_rss_mib", "lower")] if ours[0]["workload"] == "vit" else [("tgt_tokens_per_s", "higher"), ("train_ms_median", "lower"), ("train_gflops", "higher"),
         ("forward_ms_median", "lower"), ("decode_tokens_per_s", "higher"), ("sgemm_gflops", "higher"),
         ("peak_rss_mib", "lower")]
 print(f"{'figure':22s} {'tapestry (median)':>18s} {'pytorch (median)':>17s}   ratio tapestry/pytorch: min / median / max")

@@ -215,6 +215,7 @@ ImageResult train_image_classifier(const ImageOptions& options) {
               o.min_lr, (long long)std::min(o.warmup, total_steps), o.weight_decay, (long long)pad, flip ? "on" : "off");
   std::fflush(stdout);
 
+  to.rate_unit = "img";
   to.recipe = table.recipe();
   to.recipe.insert({{"task", "image"}, {"data", dir}});
   to.run_files = {{"config.toml", table.to_toml()}};

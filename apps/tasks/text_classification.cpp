@@ -270,6 +270,7 @@ TextResult train_mlm(const TextOptions& options) {
   to.recipe = table.recipe();
   to.recipe.insert({{"task", "mlm"}, {"data", corpus.dir}});
   to.run_files = {{"config.toml", table.to_toml()}};
+  to.rate_unit = "masked tok";
   to.model_metadata = bert_metadata(cfg, "mlm", "bert", cfg.max_len);
   to.curves_title = fmt::format("masked LM {} on {}", o.config, corpus.dir);
 
@@ -397,6 +398,7 @@ TextResult train_text_classifier(const TextOptions& options) {
   to.recipe = table.recipe();
   to.recipe.insert({{"task", "classify"}, {"data", corpus.dir}});
   to.run_files = {{"config.toml", table.to_toml()}};
+  to.rate_unit = "mail";
   to.model_metadata = bert ? bert_metadata(cfg, "classify", "bert", max_len)
                            : std::map<std::string, std::string>{{"task", "classify"}, {"model", "bow"},
                                                                 {"vocab", std::to_string(bow->vocab)},

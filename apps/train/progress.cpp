@@ -13,13 +13,13 @@ namespace {
 
 // One line redrawn in place on a terminal; on a pipe, a line each time `done` (batches, moving
 // from `before`) crosses a tenth of the epoch.
-void progress_line(int64_t epoch, int64_t before, int64_t done, int64_t total, int64_t step, double loss, double tok_s,
-                   double lr, double eta, bool tty) {
+void progress_line(int64_t epoch, int64_t before, int64_t done, int64_t total, int64_t step, double loss, double rate,
+                   const std::string& unit, double lr, double eta, bool tty) {
   const int width = 24;
   int filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
   std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
-  std::string line = fmt::format("epoch {:>2} [{}] {:>4}/{} step {} | loss {:.3f} | {:.0f} tok/s | lr {:.2e} | ETA {}",
-                                 epoch, bar, done, total, step, loss, tok_s, lr, clock_text(eta));
+  std::string line = fmt::format("epoch {:>2} [{}] {:>4}/{} step {} | loss {:.3f} | {:.0f} {}/s | lr {:.2e} | ETA {}",
+                                 epoch, bar, done, total, step, loss, rate, unit, lr, clock_text(eta));
   if (tty) {
     std::fprintf(stderr, "\r%s", line.c_str());
     if (done == total) std::fprintf(stderr, "\n");
@@ -50,7 +50,7 @@ void Progress::after_step(int64_t before, int64_t done, int64_t step, double los
   if (!shows_) return;
   const double el = epoch_seconds();
   progress_line(epoch_, before, done, batches_, step, loss_sum / static_cast<double>(tokens),
-                static_cast<double>(tokens - first_tokens_) / el, lr,
+                static_cast<double>(tokens - first_tokens_) / el, o_.rate_unit, lr,
                 el / static_cast<double>(done - first_batch_) * static_cast<double>(batches_ - done), tty_);
 }
 
@@ -70,7 +70,8 @@ void Progress::log_step(int64_t step, int64_t epoch, const StepResult& r, double
 
 void Progress::epoch_line(const EpochRecord& rec, double run_seconds, int64_t skipped_steps) {
   std::string line = fmt::format("epoch {}: train loss {:.3f}{}", rec.epoch, rec.train_loss, metrics_text(rec.metrics));
-  line += fmt::format(", {:.0f} s, {:.0f} tok/s, elapsed {}", rec.seconds, rec.tokens_per_s, clock_text(run_seconds));
+  line += fmt::format(", {:.0f} s, {:.0f} {}/s, elapsed {}", rec.seconds, rec.tokens_per_s, o_.rate_unit,
+                      clock_text(run_seconds));
   if (skipped_steps) line += fmt::format(", {} steps skipped so far", skipped_steps);
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);

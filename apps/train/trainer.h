@@ -80,6 +80,7 @@ struct TrainerOptions {
   std::string on_nan = "stop";  // a non-finite loss or gradient norm: "stop" (throw) or "skip" the step
   int64_t eval_every = 0;       // also evaluate every N steps (0: at the end of each epoch only)
   bool progress = true;         // the progress line on stderr
+  std::string rate_unit = "tok";  // what a TrainBatch's count counts, as the rate shows it ("img/s")
   std::string step_log;         // a TSV line per optimizer step: step, epoch, loss, tokens, lr, grad norm
 
   // The run folder (empty: nothing is written, as for the copy task and bench) and what goes in it.

@@ -3,6 +3,8 @@
 
     /usr/bin/python3 tools/reference/bench_torch.py --workload small --threads 2 [--json] [--device cuda]
 
+--workload vit is the Vision Transformer of tools/reference/vit_ref.py (config fmnist) on random images.
+
 Same model (tools/reference/transformer_ref.py: nn.Linear, nn.LayerNorm, F.softmax), same
 sizes, dropout 0.1, F.cross_entropy with label_smoothing=0.1, torch.optim.Adam, synthetic
 tokens. Greedy decoding is the Annotated Transformer's loop, which re-decodes the whole prefix
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from transformer_ref import Transformer  # noqa: E402
+from vit_ref import CONFIGS as VIT_CONFIGS, ViT, decay_split  # noqa: E402
 
 WORKLOADS = {  # d_model, enc, dec, heads, d_ff, vocab, batch, src_len, tgt_len
     "copy": (512, 2, 2, 8, 2048, 11, 80, 10, 10),
@@ -39,9 +42,47 @@ def forward_flops(d, le, ld, f, v, b, s, t):
     return le * enc + ld * dec + 2 * b * t * d * v
 
 
+def vit_bench(a, dev, wait):
+    """`tapestry bench --workload vit`: config fmnist, batch 128 of random 28x28 images, AdamW
+    (lr 1e-3, weight decay 0.05 on matrices), the loss read every step."""
+    p, stride, layers, heads, d, ff = VIT_CONFIGS["fmnist"]
+    c = dict(image_size=28, channels=1, patch_size=p, patch_stride=stride, classes=10, d_model=d, layers=layers,
+             heads=heads, d_ff=ff, ln_eps=1e-5, activation="gelu")
+    model = ViT(c).to(dev)
+    model.init_weights()
+    decay, no_decay = decay_split(model)
+    params = dict(model.named_parameters())
+    opt = torch.optim.AdamW([{"params": [params[n] for n in decay], "weight_decay": 0.05},
+                             {"params": [params[n] for n in no_decay], "weight_decay": 0.0}], lr=1e-3)
+    g = torch.Generator().manual_seed(42)
+    b = 128
+    x = torch.rand(b, 1, 28, 28, generator=g).to(dev)
+    y = torch.randint(0, 10, (b,), generator=g).to(dev)
+    train_ms = []
+    for i in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        loss.item()
+        wait()
+        if i >= a.warmup:
+            train_ms.append((time.perf_counter() - t0) * 1000)
+    step = statistics.median(train_ms)
+    return {
+        "impl": "torch", "device": a.device, "workload": "vit", "threads": a.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+        "train_ms_median": step, "train_ms_min": min(train_ms), "train_ms_max": max(train_ms),
+        "images_per_s": b / (step / 1000),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", default="small", choices=WORKLOADS)
+    ap.add_argument("--workload", default="small", choices=list(WORKLOADS) + ["vit"])
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
@@ -61,6 +102,10 @@ def main():
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(1234)
+    if a.workload == "vit":
+        r = vit_bench(a, dev, wait)
+        print(json.dumps(r) if a.json else "\n".join(f"{k:22s} {val}" for k, val in r.items()))
+        return
     d, le, ld, h, f, v, b, s, t = WORKLOADS[a.workload]
     c = dict(src_vocab=v, tgt_vocab=v, d_model=d, heads=h, d_ff=f, enc_layers=le, dec_layers=ld, pad_id=0,
              pre_norm=False, share_embeddings=False, dropout=0.1)

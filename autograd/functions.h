@@ -80,6 +80,17 @@ Tensor log_softmax(const Tensor& a, int64_t dim);
 // Normalizes over the trailing dims given by normalized_shape; weight and bias may be undefined.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
+// Rotary position embedding (RoFormer; Llama), in Hugging Face's layout: the pairs (x[i],
+// x[i + D/2]) of x's last dim D are turned by angles given as cos and sin of shape [..., D/2]
+// (one angle per position and pair, broadcast over x's leading dims, e.g. [T, D/2] for x
+// [B, H, T, D]). Equals x * cat(cos, cos) + rotate_half(x) * cat(sin, sin). cos and sin take no
+// gradient (a model builds them once, as Hugging Face does, from positions and rope_theta).
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
+// x / sqrt(mean(x^2) + eps) * weight over the trailing dims, as torch.nn.functional.rms_norm
+// (PyTorch 2.4; Llama's RMSNorm). eps defaults, as there, to the dtype's machine epsilon; Llama
+// checkpoints give theirs (rms_norm_eps, often 1e-5 or 1e-6). weight may be undefined.
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                std::optional<double> eps = std::nullopt);
 
 // ---- linear algebra (ops_matmul.cpp): 1-D, 2-D and batched with broadcast batch dims, as torch.matmul
 Tensor matmul(const Tensor& a, const Tensor& b);

@@ -251,4 +251,45 @@ Tensor operator-(double a, const Tensor& b) { return rsub(b, a); }
 Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
 Tensor operator/(double a, const Tensor& b) { return rdiv(b, a); }
 
+// ---- rotary position embedding
+namespace {
+// Each pair (x[i], x[i + D/2]) of the last dim turned by the angle whose cosine and sine are
+// cos[..., i] and sin[..., i]: [x1 c - x2 s, x2 c + x1 s], Hugging Face's rotate_half layout.
+Tensor rotate_pairs(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const int64_t h = x.size(-1) / 2;
+  const Tensor x1 = x.slice(-1, 0, h), x2 = x.slice(-1, h, 2 * h);
+  return cat({sub(mul(x1, cos), mul(x2, sin)), add(mul(x2, cos), mul(x1, sin))}, -1);
+}
+}  // namespace
+
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const char* op = "rotary_embedding";
+  TP_CHECK(x.defined() && cos.defined() && sin.defined(), "{}: x, cos and sin must all be defined", op);
+  TP_CHECK(is_floating(x.dtype()) && cos.dtype() == x.dtype() && sin.dtype() == x.dtype(),
+           "{}: x, cos and sin must share one floating dtype, got {}, {} and {}", op, dtype_name(x.dtype()),
+           dtype_name(cos.dtype()), dtype_name(sin.dtype()));
+  TP_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, "{}: the last dim of x {} must be even (pairs to rotate)", op,
+           x.sizes());
+  TP_CHECK(cos.sizes() == sin.sizes() && cos.dim() >= 1 && cos.size(-1) == x.size(-1) / 2,
+           "{}: cos {} and sin {} must have one shape ending in half of x's last dim {} ({})", op, cos.sizes(),
+           sin.sizes(), x.sizes(), x.size(-1) / 2);
+  TP_CHECK(!cos.requires_grad() && !sin.requires_grad(),
+           "{}: cos and sin are tables of angles and take no gradient; detach() them", op);
+  Shape half = x.sizes();
+  half.back() /= 2;
+  TP_CHECK(broadcast_shapes(op, half, cos.sizes()) == half,
+           "{}: cos and sin {} must broadcast to x's pairs {} (x {})", op, cos.sizes(), half, x.sizes());
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = rotate_pairs(x, cos, sin);
+  }
+  if (!any_requires_grad({x})) return out;
+  SavedTensor sc(cos, "RotaryEmbeddingBackward"), ss(sin, "RotaryEmbeddingBackward");
+  // A rotation's transpose turns the other way: the gradient is g rotated by -angle.
+  return record("RotaryEmbeddingBackward", out, {x}, [sc, ss](const Tensor& g) {
+    return TensorList{rotate_pairs(g, sc.get(), neg(ss.get()))};
+  });
+}
+
 }  // namespace tapestry

@@ -2,6 +2,8 @@
 // softmax, log_softmax, layer_norm. Forward and backward of each together.
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <optional>
 
 #include "tapestry/autograd/functions.h"
 #include "tapestry/ops/detail/kernels.h"
@@ -129,27 +131,43 @@ Tensor softmax_impl(const Tensor& a, int64_t dim, bool log) {
 Tensor softmax(const Tensor& a, int64_t dim) { return softmax_impl(a, dim, false); }
 Tensor log_softmax(const Tensor& a, int64_t dim) { return softmax_impl(a, dim, true); }
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
-                  double eps) {
+namespace {
+// layer_norm and rms_norm (center false: no mean subtracted, no bias): one kernel pair.
+Tensor norm_impl(const char* op, const char* node, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                 const Tensor& bias, double eps, bool center) {
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   TP_CHECK(k >= 1 && k <= x.dim() && Shape(x.sizes().end() - k, x.sizes().end()) == normalized_shape,
-           "layer_norm: normalized_shape {} does not match the trailing dims of the input {}", normalized_shape,
-           x.sizes());
+           "{}: normalized_shape {} does not match the trailing dims of the input {}", op, normalized_shape, x.sizes());
   if (weight.defined())
-    TP_CHECK(weight.sizes() == normalized_shape && weight.dtype() == x.dtype(),
-             "layer_norm: weight {} {} must be {} {}", weight.dtype(), weight.sizes(), x.dtype(), normalized_shape);
+    TP_CHECK(weight.sizes() == normalized_shape && weight.dtype() == x.dtype(), "{}: weight {} {} must be {} {}", op,
+             weight.dtype(), weight.sizes(), x.dtype(), normalized_shape);
   if (bias.defined())
-    TP_CHECK(bias.sizes() == normalized_shape && bias.dtype() == x.dtype(), "layer_norm: bias {} {} must be {} {}",
+    TP_CHECK(bias.sizes() == normalized_shape && bias.dtype() == x.dtype(), "{}: bias {} {} must be {} {}", op,
              bias.dtype(), bias.sizes(), x.dtype(), normalized_shape);
-  auto r = kernels::layer_norm(x, k, weight, bias, eps);
+  TP_CHECK(eps >= 0, "{}: eps must be at least 0, got {}", op, eps);
+  auto r = kernels::layer_norm(x, k, weight, bias, eps, center);
   if (!any_requires_grad({x, weight, bias})) return r.y;
-  SavedTensor sx(x, "LayerNormBackward"), sw(weight, "LayerNormBackward");
+  SavedTensor sx(x, node), sw(weight, node);
   Tensor mean = r.mean, rstd = r.rstd;
   bool need_wb = (weight.defined() && weight.requires_grad()) || (bias.defined() && bias.requires_grad());
-  return record("LayerNormBackward", r.y, {x, weight, bias}, [sx, sw, mean, rstd, k, need_wb](const Tensor& g) {
-    auto gr = kernels::layer_norm_backward(g, sx.get(), mean, rstd, k, sw.get(), need_wb);
+  return record(node, r.y, {x, weight, bias}, [sx, sw, mean, rstd, k, need_wb, center](const Tensor& g) {
+    auto gr = kernels::layer_norm_backward(g, sx.get(), mean, rstd, k, sw.get(), need_wb, center);
     return TensorList{gr.dx, gr.dweight, gr.dbias};
   });
+}
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  return norm_impl("layer_norm", "LayerNormBackward", x, normalized_shape, weight, bias, eps, true);
+}
+
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, std::optional<double> eps) {
+  // PyTorch's default eps: the dtype's machine epsilon.
+  const double e = eps ? *eps
+                       : x.dtype() == DType::Float64 ? std::numeric_limits<double>::epsilon()
+                                                     : static_cast<double>(std::numeric_limits<float>::epsilon());
+  return norm_impl("rms_norm", "RmsNormBackward", x, normalized_shape, weight, Tensor(), e, false);
 }
 
 }  // namespace tapestry

@@ -35,6 +35,10 @@ LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
 
 Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, {weight.size(0)}, weight, bias, eps); }
 
+RMSNorm::RMSNorm(int64_t dim, std::optional<double> eps_) : eps(eps_) { register_parameter("weight", weight, ones({dim})); }
+
+Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, {weight.size(0)}, weight, eps); }
+
 Dropout::Dropout(double p_) : p(p_) {
   TP_CHECK(p >= 0 && p < 1, "Dropout: probability must be in [0, 1), got {}", p);
 }

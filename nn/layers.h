@@ -5,6 +5,7 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +38,16 @@ class LayerNorm : public Module {
   Tensor forward(const Tensor& x) const;
   Tensor weight, bias;
   double eps;
+};
+
+// torch.nn.RMSNorm (PyTorch 2.4) over the last dim, with a weight of ones; Llama's norm. eps as
+// rms_norm's: unset, the dtype's machine epsilon; Llama checkpoints set theirs (rms_norm_eps).
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(int64_t dim, std::optional<double> eps = std::nullopt);
+  Tensor forward(const Tensor& x) const;
+  Tensor weight;
+  std::optional<double> eps;
 };
 
 class Dropout : public Module {

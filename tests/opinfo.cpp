@@ -840,6 +840,83 @@ void add_reduction_rows(std::vector<OpInfo>& t) {
           return std::vector<Sample>{ok("[3, 5]", {draw(g, {3, 5}), draw(g, {5}), draw(g, {5})}),
                                      ok("constant rows", {f64(std::vector<double>(10, -1.0), {2, 5}), draw(g, {5}), draw(g, {5})})};
         }});
+
+  // ---- rms_norm (Llama's RMSNorm): the layer_norm kernels without centering or bias
+  entry("rms_norm_weight", "rms_norm_ref(a, [5], b, 1e-6)",
+        one([](X x) { return rms_norm(x[0], {5}, x[1], 1e-6); }), {true, true},
+        {[](Generator& g) {
+          return std::vector<Sample>{
+              ok("[2, 3, 5]", {draw(g, {2, 3, 5}), draw(g, {5})}),
+              ok("1-D [5]", {draw(g, {5}), draw(g, {5})}),
+              ok("transposed [4, 5], strided weight", {transposed(draw(g, {4, 5})), strided(draw(g, {5}))}),
+              ok("expanded weight", {draw(g, {3, 5}), expanded(draw(g, {}), {5})}),
+              ok("empty batch [0, 5]", {draw(g, {0, 5}), draw(g, {5})}),
+              ok("constant rows", {f64(std::vector<double>(10, 2.0), {2, 5}), draw(g, {5})}),
+              nog("large and tiny magnitudes",
+                  {f64({1e150, -2e150, 3e150, 4e150, -5e150, 1e-150, 2e-150, 3e-150, -4e-150, 5e-150}, {2, 5}),
+                   draw(g, {5})},
+                  "a finite-difference step cannot resolve rows of 1e150 or 1e-150"),
+              nog("inf and NaN", {f64({1, 2, kInf, 3, 4, 1, kNaN, 2, 3, 4}, {2, 5}), draw(g, {5})}, "non-finite inputs"),
+              nog("zero rows", {f64(std::vector<double>(10, 0.0), {2, 5}), draw(g, {5})},
+                  "rstd = 1/sqrt(eps): the finite differences are ill-conditioned"),
+              ok("float32", {draw(g, {3, 5}, Dom::Real, kFloat32), draw(g, {5}, Dom::Real, kFloat32)}),
+              err("input [2, 4] does not end in [5]", {draw(g, {2, 4}), draw(g, {5})}),
+              err("0-d input", {draw(g, {}), draw(g, {5})}),
+              err("weight [4]", {draw(g, {2, 5}), draw(g, {4})})};
+        }});
+  entry("rms_norm_plain", "rms_norm_ref(a, [5])", one([](X x) { return rms_norm(x[0], {5}); }), {true},
+        {[](Generator& g) {
+          return std::vector<Sample>{ok("[4, 5]", {draw(g, {4, 5})}), ok("strided [3, 5]", {strided(draw(g, {3, 5}))}),
+                                     ok("expanded [1, 5] -> [3, 5]", {expanded(draw(g, {1, 5}), {3, 5})}),
+                                     ok("float32 (eps: float32's)", {draw(g, {2, 5}, Dom::Real, kFloat32)}),
+                                     err("[5, 4]", {draw(g, {5, 4})})};
+        }});
+  entry("rms_norm_two_dims", "rms_norm_ref(a, [3, 4], b, 0.1)",
+        one([](X x) { return rms_norm(x[0], {3, 4}, x[1], 0.1); }), {true, true},
+        {[](Generator& g) {
+          return std::vector<Sample>{ok("[2, 3, 4]", {draw(g, {2, 3, 4}), draw(g, {3, 4})}),
+                                     ok("transposed weight", {draw(g, {2, 3, 4}), transposed(draw(g, {3, 4}))}),
+                                     err("[2, 4, 3]", {draw(g, {2, 4, 3}), draw(g, {3, 4})})};
+        }});
+
+  // ---- rotary_embedding: cos and sin are tables (no gradient), drawn as angles' cosines and sines
+  auto angles = [](Generator& g, const Shape& s, DType dt = kFloat64) {
+    Tensor a = rand(s, kFloat64, &g), c = empty(s, kFloat64), sn = empty(s, kFloat64);
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      c.data_ptr<double>()[i] = std::cos(6.283185307179586 * a.data_ptr<double>()[i]);
+      sn.data_ptr<double>()[i] = std::sin(6.283185307179586 * a.data_ptr<double>()[i]);
+    }
+    return std::pair<Tensor, Tensor>{c.to(dt), sn.to(dt)};
+  };
+  entry("rotary_embedding", "rope_ref(a, b, c)", one([](X x) { return rotary_embedding(x[0], x[1], x[2]); }),
+        {true, false, false},
+        {[angles](Generator& g) {
+          auto [c4, s4] = angles(g, {4, 3});
+          auto [c1, s1] = angles(g, {3});
+          auto [cb, sb] = angles(g, {2, 1, 4, 3});
+          auto [c0, s0] = angles(g, {0});
+          auto [cf, sf] = angles(g, {4, 3}, kFloat32);
+          auto [cw, sw] = angles(g, {4, 2});
+          return std::vector<Sample>{
+              ok("x [2, 2, 4, 6], tables [4, 3] (positions x pairs)", {draw(g, {2, 2, 4, 6}), c4, s4}),
+              ok("x [6], tables [3]", {draw(g, {6}), c1, s1}),
+              ok("tables per batch [2, 1, 4, 3]", {draw(g, {2, 2, 4, 6}), cb, sb}),
+              ok("x [B, T, H, D] viewed as [B, H, T, D] (heads of a projection)", {draw(g, {2, 4, 2, 6}).transpose(1, 2), c4, s4}),
+              ok("strided x", {strided(draw(g, {4, 6})), c4, s4}),
+              ok("expanded x", {expanded(draw(g, {1, 6}), {4, 6}), c4, s4}),
+              ok("transposed tables", {draw(g, {4, 6}), transposed(c4), transposed(s4)}),
+              ok("empty: no positions", {draw(g, {2, 0, 6}), angles(g, {0, 3}).first, angles(g, {0, 3}).second}),
+              ok("empty: D = 0", {draw(g, {2, 0}), c0, s0}),
+              nog("large magnitudes", {mul(draw(g, {4, 6}), 1e150), c4, s4},
+                  "a finite-difference step cannot move values of 1e150"),
+              nog("inf and NaN", {f64({1, kInf, 3, 4, kNaN, 6}, {1, 6}), c1, s1}, "non-finite inputs"),
+              ok("float32", {draw(g, {4, 6}, Dom::Real, kFloat32), cf, sf}),
+              err("odd last dim [4, 5]", {draw(g, {4, 5}), c4, s4}),
+              err("tables [4, 2] for 6 = 2 x 3", {draw(g, {4, 6}), cw, sw}),
+              err("tables that do not broadcast [4, 3] to x [5, 6]", {draw(g, {5, 6}), c4, s4}),
+              err("0-d x", {draw(g, {}), c1, s1}),
+              err("float32 tables for float64 x", {draw(g, {4, 6}), cf, sf})};
+        }});
 }
 
 // The rows of matmul and linear.

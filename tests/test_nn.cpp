@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
+#include <vector>
 
 #include <unistd.h>
 
@@ -151,6 +153,36 @@ TEST_CASE("Linear, Embedding, LayerNorm and Dropout compute what they should") {
   drop.eval();
   CHECK(values(drop.forward(x)) == values(x));
   CHECK(error_of([] { nn::Dropout(1.0); }).find("Dropout: probability must be in [0, 1), got 1") != std::string::npos);
+}
+
+TEST_CASE("RMSNorm and rotary_embedding: by hand, names, eps, rotation") {
+  nn::RMSNorm rms(4);
+  CHECK(rms.named_parameters().size() == 1);
+  CHECK(rms.named_parameters()[0].first == "weight");
+  // rows [3, 4, 0, 0] and [1, 1, 1, 1]: root mean squares 2.5 and 1
+  check_values(rms.forward(tensor({3.f, 4.f, 0.f, 0.f, 1.f, 1.f, 1.f, 1.f}, {2, 4})), {1.2, 1.6, 0, 0, 1, 1, 1, 1});
+  // eps unset: the dtype's machine epsilon, as torch.nn.functional.rms_norm
+  const double e32 = std::numeric_limits<float>::epsilon();
+  check_values(rms_norm(tensor({1e-3f, 1e-3f}), {2}), {1e-3 / std::sqrt(1e-6 + e32), 1e-3 / std::sqrt(1e-6 + e32)}, 1e-6);
+  check_values(rms_norm(tensor({3.0, 4.0}), {2}, Tensor(), 0.75), {3 / std::sqrt(13.25), 4 / std::sqrt(13.25)}, 1e-12);
+  CHECK(error_of([] { rms_norm(ones({2, 3}), {2}); }).find("rms_norm: normalized_shape [2] does not match") !=
+        std::string::npos);
+  CHECK(error_of([] { rms_norm(ones({2, 3}), {3}, Tensor(), -1.0); }).find("rms_norm: eps must be at least 0") !=
+        std::string::npos);
+
+  // A quarter turn of each pair (x[i], x[i + 2]): (1, 0) -> (0, 1); angle 0 leaves the pair.
+  Tensor c = tensor({0.0, 1.0}), s = tensor({1.0, 0.0});
+  check_values(rotary_embedding(tensor({1.0, 5.0, 0.0, 7.0}), c, s), {0, 5, 1, 7}, 1e-12);
+  // Lengths are kept: a rotation.
+  Generator g(3);
+  Tensor x = randn({2, 3, 8}, kFloat64, &g), ang = rand({3, 4}, kFloat64, &g);
+  std::vector<double> cv, sv;
+  for (double a : values(ang)) cv.push_back(std::cos(6 * a)), sv.push_back(std::sin(6 * a));
+  Tensor y = rotary_embedding(x, tensor(cv, {3, 4}), tensor(sv, {3, 4}));
+  CHECK(values(sum(mul(y, y)))[0] == doctest::Approx(values(sum(mul(x, x)))[0]).epsilon(1e-12));
+  Tensor needs_grad = tensor(cv, {3, 4}).requires_grad_();
+  CHECK(error_of([&] { rotary_embedding(x, needs_grad, tensor(sv, {3, 4})); })
+            .find("rotary_embedding: cos and sin are tables of angles and take no gradient") != std::string::npos);
 }
 
 TEST_CASE("MultiHeadAttention: masks, attention weights, and the cache") {

@@ -343,8 +343,9 @@ Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bo
   return dx;
 }
 
-// ---- layer norm over the last norm_dims dims, rows = everything before
-LayerNormOut layer_norm(const Tensor& x_in, int64_t norm_dims, const Tensor& weight, const Tensor& bias, double eps) {
+// ---- layer norm over the last norm_dims dims, rows = everything before; with center false, RMSNorm
+LayerNormOut layer_norm(const Tensor& x_in, int64_t norm_dims, const Tensor& weight, const Tensor& bias, double eps,
+                        bool center) {
   TP_PROFILE("layer_norm");
   Tensor x = contiguous(x_in);
   int64_t n = 1;
@@ -366,10 +367,12 @@ LayerNormOut layer_norm(const Tensor& x_in, int64_t norm_dims, const Tensor& wei
         const T* xr = px + row * n;
         T* yr = py + row * n;
         double mean = 0, var = 0;
-        for (int64_t i = 0; i < n; ++i) mean += xr[i];
-        mean /= static_cast<double>(n);
+        if (center) {
+          for (int64_t i = 0; i < n; ++i) mean += xr[i];
+          mean /= static_cast<double>(n);
+        }
         for (int64_t i = 0; i < n; ++i) var += (xr[i] - mean) * (xr[i] - mean);
-        var /= static_cast<double>(n);  // biased, as in the paper and PyTorch
+        var /= static_cast<double>(n);  // biased, as in the paper and PyTorch (RMSNorm: the mean square)
         const T m = static_cast<T>(mean), rs = static_cast<T>(1.0 / std::sqrt(var + eps));
         pm[row] = m;
         pr[row] = rs;
@@ -386,7 +389,7 @@ LayerNormOut layer_norm(const Tensor& x_in, int64_t norm_dims, const Tensor& wei
 }
 
 LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& mean, const Tensor& rstd,
-                                   int64_t norm_dims, const Tensor& weight, bool need_weight_grads) {
+                                   int64_t norm_dims, const Tensor& weight, bool need_weight_grads, bool center) {
   TP_PROFILE("layer_norm_backward");
   Tensor x = contiguous(x_in), dy = contiguous(dy_in);
   int64_t n = 1;
@@ -403,7 +406,8 @@ LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, cons
     const T* pr = rstd.data_ptr<T>();
     const T* pw = w.defined() ? w.data_ptr<T>() : nullptr;
     T* pd = g.dx.data_ptr<T>();
-    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), with g = dy * weight
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), with g = dy * weight; RMSNorm has no
+    // mean(g) term (no mean was subtracted), and its stored mean is 0.
     parallel_for(0, rows, std::max<int64_t>(1, cpu::kGrainSize / std::max<int64_t>(1, n)), [&](int64_t b0, int64_t e0) {
       for (int64_t row = b0; row < e0; ++row) {
         const T* xr = px + row * n;
@@ -415,7 +419,7 @@ LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, cons
           sum_g += gi;
           sum_gx += gi * (xr[i] - m) * rs;
         }
-        const T mg = static_cast<T>(sum_g / n), mgx = static_cast<T>(sum_gx / n);
+        const T mg = center ? static_cast<T>(sum_g / n) : T(0), mgx = static_cast<T>(sum_gx / n);
         for (int64_t i = 0; i < n; ++i) {
           T gi = pw ? gr[i] * pw[i] : gr[i];
           pd[row * n + i] = rs * (gi - mg - (xr[i] - m) * rs * mgx);

@@ -369,16 +369,16 @@ __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, DimSplit
 
 template <class T>
 __global__ void layer_norm_kernel(const T* x, const T* weight, const T* bias, T* y, T* mean_out, T* rstd_out,
-                                  int64_t rows, int64_t n, double eps) {
+                                  int64_t rows, int64_t n, double eps, bool center) {
   TP_ROW_GROUPS(first, rows) {
     const int64_t row = first + threadIdx.y;
     const bool valid = row < rows;
     const T* xr = x + (valid ? row : 0) * n;
     double sum = 0;
-    if (valid)
+    if (valid && center)
       for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += xr[i];
     sum = group_reduce(sum, SumOp<double>{});
-    const double mean = sum / static_cast<double>(n);
+    const double mean = center ? sum / static_cast<double>(n) : 0.0;  // RMSNorm: none subtracted
     // The variance from the mean (two passes over the row, the second from cache): no cancellation.
     double sq = 0;
     if (valid)
@@ -401,10 +401,10 @@ __global__ void layer_norm_kernel(const T* x, const T* weight, const T* bias, T*
   }
 }
 
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), with g = dy * weight
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), with g = dy * weight; RMSNorm has no mean(g) term
 template <class T>
 __global__ void layer_norm_backward_kernel(const T* dy, const T* x, const T* mean, const T* rstd, const T* weight,
-                                           T* dx, int64_t rows, int64_t n) {
+                                           T* dx, int64_t rows, int64_t n, bool center) {
   TP_ROW_GROUPS(first, rows) {
     const int64_t row = first + threadIdx.y;
     const bool valid = row < rows;
@@ -420,7 +420,7 @@ __global__ void layer_norm_backward_kernel(const T* dy, const T* x, const T* mea
     sum_g = group_reduce(sum_g, SumOp<double>{});
     sum_gx = group_reduce(sum_gx, SumOp<double>{});
     if (!valid) continue;
-    const T mg = static_cast<T>(sum_g / n), mgx = static_cast<T>(sum_gx / n);
+    const T mg = center ? static_cast<T>(sum_g / n) : T(0), mgx = static_cast<T>(sum_gx / n);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const T gi = weight ? dy[base + i] * weight[i] : dy[base + i];
       dx[base + i] = rs * (gi - mg - (x[base + i] - m) * rs * mgx);
@@ -682,7 +682,8 @@ Tensor softmax_backward(const Tensor& y_in, const Tensor& dy_in, int64_t dim, bo
   return dx;
 }
 
-LayerNormOut layer_norm(const Tensor& x_in, int64_t norm_dims, const Tensor& weight, const Tensor& bias, double eps) {
+LayerNormOut layer_norm(const Tensor& x_in, int64_t norm_dims, const Tensor& weight, const Tensor& bias, double eps,
+                        bool center) {
   // autograd's layer_norm checks shapes with its messages; these guard the kernel's reads.
   TP_CHECK(norm_dims >= 0 && norm_dims <= x_in.dim(), "layer_norm: cannot normalize the last {} dims of shape {}",
            norm_dims, x_in.sizes());
@@ -707,7 +708,7 @@ LayerNormOut layer_norm(const Tensor& x_in, int64_t norm_dims, const Tensor& wei
     const RowGroups lg = row_groups(rows, n);
     layer_norm_kernel<T><<<lg.grid, lg.block, 0, stream()>>>(
         x.data_ptr<T>(), w.defined() ? w.data_ptr<T>() : nullptr, b.defined() ? b.data_ptr<T>() : nullptr,
-        r.y.data_ptr<T>(), r.mean.data_ptr<T>(), r.rstd.data_ptr<T>(), rows, n, eps);
+        r.y.data_ptr<T>(), r.mean.data_ptr<T>(), r.rstd.data_ptr<T>(), rows, n, eps, center);
     TP_CUDA_LAUNCHED("layer_norm");
   });
   return r;
@@ -715,7 +716,7 @@ LayerNormOut layer_norm(const Tensor& x_in, int64_t norm_dims, const Tensor& wei
 
 LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, const Tensor& mean_in,
                                    const Tensor& rstd_in, int64_t norm_dims, const Tensor& weight,
-                                   bool need_weight_grads) {
+                                   bool need_weight_grads, bool center) {
   const char* op = "layer_norm_backward";
   TP_CHECK(norm_dims >= 0 && norm_dims <= x_in.dim(), "{}: cannot normalize the last {} dims of shape {}", op,
            norm_dims, x_in.sizes());
@@ -744,7 +745,7 @@ LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x_in, cons
       const RowGroups lg = row_groups(rows, n);
       layer_norm_backward_kernel<T><<<lg.grid, lg.block, 0, stream()>>>(
           dy.data_ptr<T>(), x.data_ptr<T>(), mean.data_ptr<T>(), rstd.data_ptr<T>(),
-          w.defined() ? w.data_ptr<T>() : nullptr, g.dx.data_ptr<T>(), rows, n);
+          w.defined() ? w.data_ptr<T>() : nullptr, g.dx.data_ptr<T>(), rows, n, center);
       TP_CUDA_LAUNCHED(op);
     }
     if (!need_weight_grads || n == 0) return;

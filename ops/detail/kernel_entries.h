@@ -47,13 +47,14 @@ TP_KERNEL(Tensor, softmax, (const Tensor& a, int64_t dim, bool log), (a, dim, lo
 TP_KERNEL(Tensor, softmax_backward, (const Tensor& y, const Tensor& dy, int64_t dim, bool log), (y, dy, dim, log), {})
 
 // Layer norm over the last `norm_dims` dims: returns {y, mean, rstd} (mean/rstd: one per row).
+// center false is RMSNorm: no mean subtracted (the mean returned is 0), rstd = 1 / sqrt(mean(x^2) + eps).
 TP_KERNEL(LayerNormOut, layer_norm,
-          (const Tensor& x, int64_t norm_dims, const Tensor& weight, const Tensor& bias, double eps),
-          (x, norm_dims, weight, bias, eps), {})
+          (const Tensor& x, int64_t norm_dims, const Tensor& weight, const Tensor& bias, double eps, bool center),
+          (x, norm_dims, weight, bias, eps, center), {})
 TP_KERNEL(LayerNormGrads, layer_norm_backward,
           (const Tensor& dy, const Tensor& x, const Tensor& mean, const Tensor& rstd, int64_t norm_dims,
-           const Tensor& weight, bool need_weight_grads),
-          (dy, x, mean, rstd, norm_dims, weight, need_weight_grads), {})
+           const Tensor& weight, bool need_weight_grads, bool center),
+          (dy, x, mean, rstd, norm_dims, weight, need_weight_grads, center), {})
 
 // a [..., M, K] @ b [..., K, N] -> [..., M, N], batch dims broadcast; both at least 2-D.
 TP_KERNEL(Tensor, matmul, (const Tensor& a, const Tensor& b), (a, b), {})

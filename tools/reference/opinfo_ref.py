@@ -99,6 +99,34 @@ def sdpa_ref(q, k, v, mask=None, is_causal=False, scale=None):
     return torch.softmax(scores, -1) @ v
 
 
+def rms_norm_ref(x, normalized_shape, weight=None, eps=None):
+    """torch.nn.functional.rms_norm of PyTorch 2.4 (absent from 1.13), with its shape checks:
+    x / sqrt(mean(x^2) over the trailing dims + eps) * weight; eps defaults to the dtype's epsilon."""
+    k = len(normalized_shape)
+    if k < 1 or k > x.dim() or list(x.shape[x.dim() - k:]) != list(normalized_shape):
+        raise RuntimeError(f"rms_norm_ref: normalized_shape {normalized_shape} does not end {list(x.shape)}")
+    if weight is not None and list(weight.shape) != list(normalized_shape):
+        raise RuntimeError(f"rms_norm_ref: weight {list(weight.shape)} is not {normalized_shape}")
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    dims = list(range(x.dim() - k, x.dim()))
+    y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
+    return y * weight if weight is not None else y
+
+
+def rope_ref(x, cos, sin):
+    """tapestry's rotary_embedding as Hugging Face's Llama writes it: cos and sin hold one angle
+    per pair, [..., D/2], repeated for both halves; rotate_half(x) = cat(-x2, x1)."""
+    if x.dim() < 1 or x.size(-1) % 2 or cos.shape != sin.shape or cos.dim() < 1 or cos.size(-1) != x.size(-1) // 2:
+        raise RuntimeError(f"rope_ref: x {list(x.shape)}, cos {list(cos.shape)}, sin {list(sin.shape)} do not fit")
+    if not (x.dtype == cos.dtype == sin.dtype):
+        raise TypeError(f"rope_ref: x {x.dtype}, cos {cos.dtype} and sin {sin.dtype} must share one dtype")
+    if torch.broadcast_shapes(x.shape[:-1] + (x.size(-1) // 2,), cos.shape) != x.shape[:-1] + (x.size(-1) // 2,):
+        raise RuntimeError(f"rope_ref: cos {list(cos.shape)} does not broadcast to x {list(x.shape)}")
+    x1, x2 = x.chunk(2, -1) if x.size(-1) else (x, x)
+    return x * torch.cat([cos, cos], -1) + torch.cat([-x2, x1], -1) * torch.cat([sin, sin], -1)
+
+
 def paper_ce(logits, target, eps=0.0, ignore_index=-100, reduction="mean"):
     """tapestry's cross_entropy (ops/cpu/loss.cpp): label smoothing as the Transformer paper uses it.
 
@@ -192,6 +220,7 @@ def check_case(c, tensors):
             x.requires_grad_()
         inputs.append(x)
     env = {"torch": torch, "F": F, "math": math, "inf": math.inf, "nan": math.nan, "paper_ce": paper_ce, "sdpa_ref": sdpa_ref,
+           "rms_norm_ref": rms_norm_ref, "rope_ref": rope_ref,
            "L": list(inputs)}
     for spec, x in zip(c["inputs"], inputs):
         env[spec["name"]] = x

@@ -12,6 +12,7 @@
 #include "tapestry/data/transforms.h"
 #include "tapestry/models/bert.h"
 #include "tapestry/models/gpt.h"
+#include "tapestry/models/llama.h"
 #include "tapestry/models/transformer.h"
 #include "tapestry/models/vit.h"
 #include "tapestry/nn/init.h"

@@ -1,0 +1,209 @@
+// The Llama-style decoder (see llama.h).
+#include "tapestry/models/llama.h"
+
+#include <cmath>
+
+namespace tapestry::models {
+
+LlamaConfig LlamaConfig::named(const std::string& name, int64_t vocab) {
+  LlamaConfig c;
+  c.vocab = vocab;
+  if (name == "tiny") {
+    c.layers = 2, c.heads = 4, c.kv_heads = 2, c.d_model = 64, c.d_ff = 176, c.max_positions = 64;
+  } else if (name == "mini") {
+    c.layers = 4, c.heads = 4, c.kv_heads = 2, c.d_model = 128, c.d_ff = 352, c.max_positions = 128;
+  } else {
+    throw Error(fmt::format("LlamaConfig: unknown config '{}' (expected one of {})", name, fmt::join(names(), ", ")));
+  }
+  return c;
+}
+
+std::vector<std::string> LlamaConfig::names() { return {"tiny", "mini"}; }
+
+void LlamaConfig::validate() const {
+  TP_CHECK(vocab > 0, "LlamaConfig: vocab must be positive, got {}", vocab);
+  TP_CHECK(layers > 0 && max_positions > 0 && d_ff > 0,
+           "LlamaConfig: layers, max_positions and d_ff must be positive, got {}, {} and {}", layers, max_positions,
+           d_ff);
+  TP_CHECK(d_model > 0 && heads > 0 && d_model % heads == 0, "LlamaConfig: d_model {} is not divisible by heads {}",
+           d_model, heads);
+  TP_CHECK(head_dim() % 2 == 0, "LlamaConfig: the head dim {} (d_model / heads) must be even for the rotary pairs",
+           head_dim());
+  TP_CHECK(kv_heads > 0 && heads % kv_heads == 0, "LlamaConfig: kv_heads {} must divide heads {}", kv_heads, heads);
+  TP_CHECK(rope_theta > 0 && rms_eps >= 0, "LlamaConfig: rope_theta must be positive and rms_eps at least 0, got {} and {}",
+           rope_theta, rms_eps);
+}
+
+std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_dim, double theta) {
+  TP_CHECK(positions >= 0 && head_dim > 0 && head_dim % 2 == 0 && theta > 0,
+           "rotary_tables: need positions >= 0, an even head_dim and theta > 0, got {}, {} and {}", positions, head_dim,
+           theta);
+  const int64_t half = head_dim / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    inv_freq[static_cast<size_t>(i)] = 1.0f / std::pow(static_cast<float>(theta), exponent);
+  }
+  std::vector<float> c(static_cast<size_t>(positions * half)), s(c.size());
+  for (int64_t p = 0; p < positions; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(p) * inv_freq[static_cast<size_t>(i)];
+      c[static_cast<size_t>(p * half + i)] = std::cos(angle);
+      s[static_cast<size_t>(p * half + i)] = std::sin(angle);
+    }
+  return {tensor(c, {positions, half}), tensor(s, {positions, half})};
+}
+
+LlamaAttention::LlamaAttention(const LlamaConfig& c) : heads(c.heads), kv_heads(c.kv_heads), head_dim(c.head_dim()) {
+  q_proj = register_module("q_proj", std::make_shared<nn::Linear>(c.d_model, heads * head_dim, false));
+  k_proj = register_module("k_proj", std::make_shared<nn::Linear>(c.d_model, kv_heads * head_dim, false));
+  v_proj = register_module("v_proj", std::make_shared<nn::Linear>(c.d_model, kv_heads * head_dim, false));
+  o_proj = register_module("o_proj", std::make_shared<nn::Linear>(heads * head_dim, c.d_model, false));
+}
+
+Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& masked_out,
+                               bool causal, nn::KVCache* cache) const {
+  const int64_t B = x.size(0), T = x.size(1), r = heads / kv_heads;
+  Tensor q = rotary_embedding(q_proj->forward(x).view({B, T, heads, head_dim}).transpose(1, 2), cos, sin);
+  Tensor k = rotary_embedding(k_proj->forward(x).view({B, T, kv_heads, head_dim}).transpose(1, 2), cos, sin);
+  Tensor v = v_proj->forward(x).view({B, T, kv_heads, head_dim}).transpose(1, 2);
+  if (cache) {
+    if (cache->k.defined()) {
+      k = cat({cache->k, k}, 2);
+      v = cat({cache->v, v}, 2);
+    }
+    cache->k = k, cache->v = v;
+  }
+  const int64_t Tk = k.size(2);
+  // Grouped-query attention without copying keys and values r times: the query heads are split
+  // [G, r] and each key/value head is expanded (stride 0) over its r query heads; the fused
+  // kernel reads any leading layout, and the expand's backward sums the r gradients.
+  Tensor qg = q.view({B, kv_heads, r, T, head_dim});
+  Tensor kg = k.unsqueeze(2).expand({B, kv_heads, r, Tk, head_dim});
+  Tensor vg = v.unsqueeze(2).expand({B, kv_heads, r, Tk, head_dim});
+  Tensor mask = masked_out.defined() && masked_out.dim() == 4 ? masked_out.unsqueeze(2) : masked_out;
+  Tensor out = scaled_dot_product_attention_masked_out(qg, kg, vg, mask, causal);  // [B, G, r, T, K]
+  return o_proj->forward(out.view({B, heads, T, head_dim}).transpose(1, 2).reshape({B, T, heads * head_dim}));
+}
+
+LlamaMLP::LlamaMLP(int64_t d_model, int64_t d_ff) {
+  gate_proj = register_module("gate_proj", std::make_shared<nn::Linear>(d_model, d_ff, false));
+  up_proj = register_module("up_proj", std::make_shared<nn::Linear>(d_model, d_ff, false));
+  down_proj = register_module("down_proj", std::make_shared<nn::Linear>(d_ff, d_model, false));
+}
+
+Tensor LlamaMLP::forward(const Tensor& x) const {
+  return down_proj->forward(nn::activation("silu", gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+LlamaBlock::LlamaBlock(const LlamaConfig& c) {
+  input_layernorm = register_module("input_layernorm", std::make_shared<nn::RMSNorm>(c.d_model, c.rms_eps));
+  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", std::make_shared<nn::RMSNorm>(c.d_model, c.rms_eps));
+  mlp = register_module("mlp", std::make_shared<LlamaMLP>(c.d_model, c.d_ff));
+}
+
+Tensor LlamaBlock::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& masked_out, bool causal,
+                           nn::KVCache* cache) const {
+  Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, masked_out, causal, cache);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+Llama::Llama(const LlamaConfig& c) : config(c) {
+  c.validate();
+  embed_tokens = register_module("embed_tokens", std::make_shared<nn::Embedding>(c.vocab, c.d_model));
+  layers = register_module("layers", std::make_shared<nn::ModuleList>());
+  for (int64_t i = 0; i < c.layers; ++i) layers->push_back(std::make_shared<LlamaBlock>(c));
+  norm = register_module("norm", std::make_shared<nn::RMSNorm>(c.d_model, c.rms_eps));
+  lm_head = register_module("lm_head", std::make_shared<nn::Linear>(c.d_model, c.vocab, false));
+  if (c.tie_embeddings) lm_head->tie_parameter("weight", embed_tokens->weight);
+  // Hugging Face's _init_weights for Llama: N(0, initializer_range = 0.02) for every Linear and
+  // the embedding; the RMSNorm weights stay 1.
+  NoGradGuard no_grad;
+  for (auto& [name, p] : named_parameters())
+    if (p.dim() >= 2) p.normal_(0.0, 0.02);
+}
+
+void Llama::check_ids(const Tensor& ids, const LlamaCache* cache) const {
+  TP_CHECK(ids.dtype() == DType::Int64 && ids.dim() == 2 && ids.size(1) > 0,
+           "Llama: expected token ids int64 [B, T] with T > 0, got {} {}", ids.dtype(), ids.sizes());
+  const int64_t past = cache ? cache->length() : 0;
+  TP_CHECK(past + ids.size(1) <= config.max_positions,
+           "Llama: {} positions{} exceed the context of {} (max_positions); crop the input or raise max_positions",
+           past + ids.size(1), past ? fmt::format(" ({} cached)", past) : std::string(), config.max_positions);
+  if (ids.numel() == 0 || !ids.device().is_cpu()) return;  // on a GPU the embedding's kernel checks the range
+  const int64_t lo = min(ids).item<int64_t>(), hi = max(ids).item<int64_t>();
+  TP_CHECK(lo >= 0 && hi < config.vocab, "Llama: token ids must be in [0, {}), got values in [{}, {}]", config.vocab,
+           lo, hi);
+}
+
+void Llama::ensure_tables(Device device, DType dtype) {
+  if (cos_.defined() && cos_.device() == device && cos_.dtype() == dtype) return;
+  auto [c, s] = rotary_tables(config.max_positions, config.head_dim(), config.rope_theta);
+  cos_ = c.to(dtype).to(device), sin_ = s.to(dtype).to(device);
+  range_ = arange(config.max_positions, TensorOptions(DType::Int64, device));
+}
+
+Tensor Llama::forward(const Tensor& ids_in, LlamaCache* cache, const Tensor& positions_in, const Tensor& masked_out_in) {
+  const Device device = embed_tokens->weight.device();
+  const Tensor ids = ids_in.to(device);
+  const Tensor masked_out = masked_out_in.defined() ? masked_out_in.to(device) : masked_out_in;
+  check_ids(ids, cache);
+  ensure_tables(device, embed_tokens->weight.dtype());
+  const int64_t T = ids.size(1), past = cache ? cache->length() : 0;
+  Tensor cos, sin;
+  if (positions_in.defined()) {
+    const Tensor positions = positions_in.to(device);
+    TP_CHECK(positions.dtype() == DType::Int64 && positions.sizes() == ids.sizes(),
+             "Llama: positions must be int64 {} like the ids, got {} {}", ids.sizes(), positions.dtype(),
+             positions.sizes());
+    cos = embedding(cos_, positions).unsqueeze(1);  // [B, 1, T, K/2]; the embedding checks the range
+    sin = embedding(sin_, positions).unsqueeze(1);
+  } else {
+    cos = cos_.slice(0, past, past + T), sin = sin_.slice(0, past, past + T);  // [T, K/2]
+  }
+  // As the GPT: the kernel's causal flag without cached keys; after cached ones the mask is
+  // offset by the cache length and spelled out (one new query needs none).
+  const bool causal = past == 0 && T > 1;
+  Tensor mask = masked_out;
+  if (past > 0 && T > 1) {
+    Tensor future = gt(range_.slice(0, 0, past + T).unsqueeze(0), range_.slice(0, past, past + T).unsqueeze(1));
+    mask = mask.defined() ? logical_or(mask, future) : future;
+  }
+  if (cache && cache->layers.empty()) cache->layers.resize(layers->size());
+  Tensor x = embed_tokens->forward(ids);
+  for (size_t i = 0; i < layers->size(); ++i)
+    x = layers->at<LlamaBlock>(i)->forward(x, cos, sin, mask, causal, cache ? &cache->layers[i] : nullptr);
+  return lm_head->forward(norm->forward(x));
+}
+
+Tensor Llama::loss(const Tensor& ids, const Tensor& targets) {
+  TP_CHECK(targets.sizes() == ids.sizes() && targets.dtype() == DType::Int64,
+           "Llama::loss: targets must be int64 {} like the ids, got {} {}", ids.sizes(), targets.dtype(),
+           targets.sizes());
+  Tensor logits = forward(ids);
+  return cross_entropy(logits.reshape({-1, config.vocab}), targets.to(logits.device()).reshape({-1}), 0.0, -100);
+}
+
+std::vector<Tensor> Llama::decay_parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, p] : named_parameters())
+    if (p.dim() >= 2) out.push_back(p);
+  return out;
+}
+
+std::vector<Tensor> Llama::no_decay_parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, p] : named_parameters())
+    if (p.dim() < 2) out.push_back(p);
+  return out;
+}
+
+int64_t Llama::num_parameters() const {
+  int64_t n = 0;
+  for (auto& [name, p] : named_parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace tapestry::models

@@ -25,13 +25,51 @@ namespace tapestry::nn {
 namespace {
 
 
-bool parse_dtype(const std::string& s, DType& out) {
-  if (s == "F32") out = DType::Float32;
-  else if (s == "F64") out = DType::Float64;
-  else if (s == "I64") out = DType::Int64;
-  else if (s == "BOOL") out = DType::Bool;
+// A dtype as the file stores it: one of tapestry's, or a 16-bit float (Hugging Face checkpoints
+// are often bfloat16 or float16) that is read into float32.
+struct Stored {
+  DType dtype = DType::Float32;  // the tensor's dtype once loaded
+  size_t bytes = 4;              // per element in the file
+  enum class Half { None, BF16, F16 } half = Half::None;
+};
+
+bool parse_dtype(const std::string& s, Stored& out) {
+  if (s == "F32") out = {DType::Float32, 4};
+  else if (s == "F64") out = {DType::Float64, 8};
+  else if (s == "I64") out = {DType::Int64, 8};
+  else if (s == "BOOL") out = {DType::Bool, 1};
+  else if (s == "BF16") out = {DType::Float32, 2, Stored::Half::BF16};
+  else if (s == "F16") out = {DType::Float32, 2, Stored::Half::F16};
   else return false;
   return true;
+}
+
+// bfloat16 is the top half of a float32: exact.
+float bf16_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// IEEE binary16 to float32, exact: subnormals, infinities and NaN (payload kept) included.
+float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: shift the mantissa up until its leading 1 is the implicit bit
+    exponent = 113;
+    while (!(mantissa & 0x400u)) mantissa <<= 1, --exponent;
+    bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
 }
 
 // CRC-32 (zlib's) of the data section, fed in 1 GiB pieces because crc32's length is 32-bit.
@@ -146,10 +184,12 @@ SafetensorsFile load_safetensors(const std::string& path) {
       continue;
     }
     try {
-      DType dtype;
-      TP_CHECK(parse_dtype(entry.at("dtype").get<std::string>(), dtype),
-               "load_safetensors: {}: tensor '{}' has unsupported dtype {}", path, name,
-               entry.at("dtype").get<std::string>());
+      Stored stored;
+      TP_CHECK(parse_dtype(entry.at("dtype").get<std::string>(), stored),
+               "load_safetensors: {}: tensor '{}' has unsupported dtype {} (readable: F32, F64, I64, BOOL, and BF16 "
+               "and F16 into float32)",
+               path, name, entry.at("dtype").get<std::string>());
+      const DType dtype = stored.dtype;
       Shape shape = entry.at("shape").get<Shape>();
       TP_CHECK(shape.size() <= 8, "load_safetensors: {}: tensor '{}' has {} dims", path, name, shape.size());
       auto offs = entry.at("data_offsets").get<std::vector<uint64_t>>();
@@ -162,7 +202,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
         throw Error(fmt::format("load_safetensors: {}: tensor '{}' has an invalid shape {}", path, name, shape));
       }
       TP_CHECK(static_cast<uint64_t>(numel) <= data_size &&
-                   static_cast<uint64_t>(numel) * dtype_size(dtype) == offs[1] - offs[0],
+                   static_cast<uint64_t>(numel) * stored.bytes == offs[1] - offs[0],
                "load_safetensors: {}: tensor '{}' of shape {} does not match its {} data bytes", path, name, shape,
                offs[1] - offs[0]);
       spans.emplace_back(offs[0], offs[1]);
@@ -172,7 +212,16 @@ SafetensorsFile load_safetensors(const std::string& path) {
         for (uint64_t i = 0; i < offs[1] - offs[0]; ++i)
           TP_CHECK(src[i] == 0 || src[i] == 1, "load_safetensors: {}: BOOL tensor '{}' holds the byte {} at element {}",
                    path, name, static_cast<int>(static_cast<unsigned char>(src[i])), i);
-      if (numel > 0) std::memcpy(t.raw_data(), src, offs[1] - offs[0]);
+      if (stored.half != Stored::Half::None) {
+        float* dst = t.data_ptr<float>();
+        for (int64_t i = 0; i < numel; ++i) {
+          uint16_t h;
+          std::memcpy(&h, src + 2 * i, 2);
+          dst[i] = stored.half == Stored::Half::BF16 ? bf16_to_float(h) : f16_to_float(h);
+        }
+      } else if (numel > 0) {
+        std::memcpy(t.raw_data(), src, offs[1] - offs[0]);
+      }
       file.tensors.emplace_back(name, t);
     } catch (const nlohmann::json::exception& e) {
       throw Error(fmt::format("load_safetensors: {}: tensor '{}' has a malformed entry: {}", path, name, e.what()));

@@ -32,7 +32,8 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
                       const std::map<std::string, std::string>& metadata = {});
 // Throws a tapestry::Error naming the file and the fault for anything malformed: not a regular
 // file, a bad header, a repeated name, a shape that does not match its bytes, tensors that do
-// not tile the data section exactly, or a checksum that does not match.
+// not tile the data section exactly, or a checksum that does not match. BF16 and F16 tensors
+// (as Hugging Face checkpoints store them) are read into float32, exactly.
 SafetensorsFile load_safetensors(const std::string& path);
 
 }  // namespace tapestry::nn

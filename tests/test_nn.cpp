@@ -115,6 +115,37 @@ TEST_CASE("safetensors: exact bytes, all dtypes, bad files give clear errors") {
   }
   CHECK(error_of([&] { nn::load_safetensors(path); }).find("tensor 'x' of shape [4] does not match its 8 data bytes") !=
         std::string::npos);
+  // 16-bit floats, as Hugging Face checkpoints store them, come back as float32, exactly.
+  auto write_raw = [&](const std::string& hdr, const std::vector<uint16_t>& data) {
+    std::ofstream out(path, std::ios::binary);
+    uint64_t len = hdr.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((len >> (8 * i)) & 0xff));
+    out << hdr;
+    for (uint16_t h : data) out.put(static_cast<char>(h & 0xff)), out.put(static_cast<char>(h >> 8));
+  };
+  write_raw(R"({"h":{"dtype":"F16","shape":[2,4],"data_offsets":[0,16]},"b":{"dtype":"BF16","shape":[4],"data_offsets":[16,24]}})",
+            {0x3C00, 0xC000, 0x7BFF, 0x0001, 0x03FF, 0x8000, 0xFC00, 0x7E00,  // F16
+             0x3F80, 0xC040, 0x7F80, 0x0001});                                 // BF16
+  auto halves = nn::load_safetensors(path).as_map();
+  CHECK(halves.at("h").dtype() == kFloat32);
+  CHECK(halves.at("h").sizes() == Shape{2, 4});
+  std::vector<double> h = values(halves.at("h"));
+  CHECK(h[0] == 1.0);
+  CHECK(h[1] == -2.0);
+  CHECK(h[2] == 65504.0);                       // the largest finite half
+  CHECK(h[3] == std::ldexp(1.0, -24));          // the smallest subnormal
+  CHECK(h[4] == std::ldexp(1023.0, -24));       // the largest subnormal
+  CHECK((h[5] == 0.0 && std::signbit(h[5])));  // -0
+  CHECK(h[6] == -std::numeric_limits<double>::infinity());
+  CHECK(std::isnan(h[7]));
+  std::vector<double> b = values(halves.at("b"));
+  CHECK(b[0] == 1.0);
+  CHECK(b[1] == -3.0);
+  CHECK(b[2] == std::numeric_limits<double>::infinity());
+  CHECK(b[3] == static_cast<double>(std::ldexp(1.0f, -133)));  // a float32 subnormal
+  write_raw(R"({"x":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", {0});
+  CHECK(error_of([&] { nn::load_safetensors(path); }).find("tensor 'x' has unsupported dtype F8_E4M3") !=
+        std::string::npos);
   // A failed save leaves the existing file alone.
   nn::save_safetensors(path, {{"keep", ones({2})}});
   CHECK(error_of([&] { nn::save_safetensors("/nonexistent/dir/y.safetensors", {{"k", ones({1})}}); })

@@ -294,6 +294,15 @@ TEST_CASE("train_language_model: errors name the option or the file") {
   CHECK(error_with([](apps::LMOptions& o) { o.min_lr = 1.0; }).find("--min-lr 1 is above --lr 0.002") !=
         std::string::npos);
   CHECK(error_with([](apps::LMOptions& o) { o.device = "tpu"; }).find("train: --device: ") != std::string::npos);
+  // A validation file with no text, and a --block that leaves less than a batch of windows: one
+  // line at once, before any training.
+  const std::string blank = dir + "/blank.txt";
+  std::ofstream(blank) << "\n  \n";
+  CHECK(error_with([&](apps::LMOptions& o) { o.val_path = blank; })
+            .find("train: the validation text (" + blank + ") is empty: give --val a file with text") != std::string::npos);
+  CHECK(error_with([](apps::LMOptions& o) { o.batch = 100000; })
+            .find("window(s) of --block 16: fewer than one batch (--batch 100000 needs 1600001 tokens); lower --block "
+                  "or --batch") != std::string::npos);
   const std::string missing = dir + "/no_such_file.txt";
   std::string msg = error_with([&](apps::LMOptions& o) { o.train_path = missing; });
   CHECK(msg.find(missing) != std::string::npos);

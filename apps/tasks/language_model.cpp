@@ -201,6 +201,12 @@ LMText read_lm_text(const LMOptions& o) {
     text.val_path = fmt::format("the last {} lines of {}", held, text.train_path);
   }
   if (o.limit > 0 && static_cast<size_t>(o.limit) < text.train.size()) text.train.resize(static_cast<size_t>(o.limit));
+  // Validation text without a character to predict would report a loss of 0 and bits per byte of
+  // NaN after the whole run: refused before anything is trained or written.
+  const bool has_text = std::any_of(text.val.begin(), text.val.end(), [](const std::string& line) {
+    return line.find_first_not_of(" \t\r\f\v") != std::string::npos;
+  });
+  TP_CHECK(has_text, "train: the validation text ({}) is empty: give --val a file with text", text.val_path);
   return text;
 }
 
@@ -305,6 +311,12 @@ LMResult train_language_model(const LMOptions& options) {
   const Stream train = encode_stream(*tok, text.train), val = encode_stream(*tok, text.val);
   TP_CHECK(static_cast<int64_t>(train.ids.size()) > o.block, "train: {} gives {} tokens, fewer than one window of "
            "--block {} + 1", text.train_path, train.ids.size(), o.block);
+  // A --block near the text's length gives an epoch of one huge window (minutes per step, and
+  // nothing learned): the text must fill one batch of windows.
+  const int64_t windows = (static_cast<int64_t>(train.ids.size()) - 1) / o.block;
+  TP_CHECK(windows >= o.batch, "train: {} gives {} tokens, {} window(s) of --block {}: fewer than one batch (--batch "
+           "{} needs {} tokens); lower --block or --batch", text.train_path, train.ids.size(), windows, o.block,
+           o.batch, o.batch * o.block + 1);
   if (o.export_ids) export_streams(to.out_dir, *tok, train, val);
 
   // Model, optimizer and schedule.

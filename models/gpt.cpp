@@ -168,12 +168,6 @@ std::vector<Tensor> GPT::no_decay_parameters() const {
   return out;
 }
 
-int64_t GPT::num_parameters() const {
-  int64_t n = 0;
-  for (auto& [name, p] : named_parameters()) n += p.numel();
-  return n;
-}
-
 // Hugging Face stores GPT-2's projections as Conv1D, y = x W + b with W [in, out]; tapestry's
 // Linear holds W^T. c_attn packs the query, key and value projections as column thirds.
 std::shared_ptr<GPT> load_gpt2_hf(const std::string& path, int64_t heads, double dropout) {

@@ -75,7 +75,6 @@ class GPT : public nn::Module {
   // that do not (biases and LayerNorm), as GPT-2 and nanoGPT split them.
   std::vector<Tensor> decay_parameters() const;
   std::vector<Tensor> no_decay_parameters() const;
-  int64_t num_parameters() const;  // tied weights once
 
   GPTConfig config;
   std::shared_ptr<nn::Embedding> wte, wpe;

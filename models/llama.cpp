@@ -186,24 +186,4 @@ Tensor Llama::loss(const Tensor& ids, const Tensor& targets) {
   return cross_entropy(logits.reshape({-1, config.vocab}), targets.to(logits.device()).reshape({-1}), 0.0, -100);
 }
 
-std::vector<Tensor> Llama::decay_parameters() const {
-  std::vector<Tensor> out;
-  for (auto& [name, p] : named_parameters())
-    if (p.dim() >= 2) out.push_back(p);
-  return out;
-}
-
-std::vector<Tensor> Llama::no_decay_parameters() const {
-  std::vector<Tensor> out;
-  for (auto& [name, p] : named_parameters())
-    if (p.dim() < 2) out.push_back(p);
-  return out;
-}
-
-int64_t Llama::num_parameters() const {
-  int64_t n = 0;
-  for (auto& [name, p] : named_parameters()) n += p.numel();
-  return n;
-}
-
 }  // namespace tapestry::models

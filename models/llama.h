@@ -86,10 +86,6 @@ class Llama : public nn::Module {
                  const Tensor& masked_out = Tensor());
   // Mean cross-entropy of forward(ids) against targets [B, T] (ignore_index -100 skips a position).
   Tensor loss(const Tensor& ids, const Tensor& targets);
-  // Weight decay on the matrices (embeddings included), none on the RMSNorm weights.
-  std::vector<Tensor> decay_parameters() const;
-  std::vector<Tensor> no_decay_parameters() const;
-  int64_t num_parameters() const;  // a tied head once
 
   LlamaConfig config;
   std::shared_ptr<nn::Embedding> embed_tokens;

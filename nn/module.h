@@ -51,7 +51,7 @@ class Module {
   NamedTensors named_buffers(bool recurse = true) const;
   std::vector<Tensor> parameters(bool recurse = true) const;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const { return children_; }
-  int64_t num_parameters() const;
+  int64_t num_parameters() const;  // a tied parameter once (named_parameters lists it once)
 
   // Converts every floating-point parameter and buffer to `dtype` in place: the tensors keep
   // their identity (ties, optimizer handles and members stay valid), their gradients are

@@ -146,28 +146,6 @@ const Tensor& GPT::position_range(Device device) {
   return position_range_;
 }
 
-Tensor GPT::loss(const Tensor& ids, const Tensor& targets) {
-  TP_CHECK(targets.sizes() == ids.sizes() && targets.dtype() == DType::Int64,
-           "GPT::loss: targets must be int64 {} like the ids, got {} {}", ids.sizes(), targets.dtype(),
-           targets.sizes());
-  Tensor logits = forward(ids);
-  return cross_entropy(logits.reshape({-1, config.vocab}), targets.to(logits.device()).reshape({-1}), 0.0, -100);
-}
-
-std::vector<Tensor> GPT::decay_parameters() const {
-  std::vector<Tensor> out;
-  for (auto& [name, p] : named_parameters())
-    if (p.dim() >= 2) out.push_back(p);
-  return out;
-}
-
-std::vector<Tensor> GPT::no_decay_parameters() const {
-  std::vector<Tensor> out;
-  for (auto& [name, p] : named_parameters())
-    if (p.dim() < 2) out.push_back(p);
-  return out;
-}
-
 // Hugging Face stores GPT-2's projections as Conv1D, y = x W + b with W [in, out]; tapestry's
 // Linear holds W^T. c_attn packs the query, key and value projections as column thirds.
 std::shared_ptr<GPT> load_gpt2_hf(const std::string& path, int64_t heads, double dropout) {

@@ -5,11 +5,11 @@
 // reads Hugging Face's GPT-2 layout (see gpt.cpp).
 // Shapes: B sequences, T positions, D d_model, V vocabulary.
 #pragma once
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "tapestry/models/causal_lm.h"
 #include "tapestry/nn/layers.h"
 
 namespace tapestry::models {
@@ -53,28 +53,17 @@ class GPTBlock : public nn::Module {
   std::shared_ptr<nn::Dropout> dropout;  // on the attention branch's output
 };
 
-// Per-layer caches for incremental decoding.
-struct GPTCache {
-  std::vector<nn::KVCache> layers;
-  int64_t length() const { return layers.empty() || !layers[0].k.defined() ? 0 : layers[0].k.size(2); }
-};
+using GPTCache = LMCache;
 
-class GPT : public nn::Module {
+class GPT : public CausalLM {
  public:
   explicit GPT(const GPTConfig& config);
 
-  // ids [B, T] int64 -> logits [B, T, V]. positions: [B, T] int64 position ids (undefined: 0..T-1,
-  // or continuing the cache). mask: extra keys to mask out ([B, 1, 1, Tk], e.g. left padding in
-  // a batch of prompts). With a cache, ids hold only the new tokens and the attention covers
-  // the cached ones too.
-  Tensor forward(const Tensor& ids, GPTCache* cache = nullptr, const Tensor& positions = Tensor(),
-                 const Tensor& mask = Tensor());
-  // Mean cross-entropy of forward(ids) against targets [B, T] (ignore_index -100 skips a position).
-  Tensor loss(const Tensor& ids, const Tensor& targets);
-  // The parameters that get weight decay (matrices: dim >= 2, the embeddings included) and those
-  // that do not (biases and LayerNorm), as GPT-2 and nanoGPT split them.
-  std::vector<Tensor> decay_parameters() const;
-  std::vector<Tensor> no_decay_parameters() const;
+  // See CausalLM::forward; masked_out: as MultiHeadAttention's mask.
+  Tensor forward(const Tensor& ids, LMCache* cache = nullptr, const Tensor& positions = Tensor(),
+                 const Tensor& masked_out = Tensor()) override;
+  int64_t context_length() const override { return config.block_size; }
+  int64_t vocab_size() const override { return config.vocab; }
 
   GPTConfig config;
   std::shared_ptr<nn::Embedding> wte, wpe;
@@ -97,31 +86,5 @@ class GPT : public nn::Module {
 // is inferred from the tensor shapes (heads must be given: the file does not say). Throws a
 // tapestry::Error naming a missing or misshapen key.
 std::shared_ptr<GPT> load_gpt2_hf(const std::string& path, int64_t heads, double dropout = 0.0);
-
-// ---- sampling (gpt_generate.cpp)
-struct SampleOptions {
-  int64_t max_new = 100;
-  double temperature = 1.0;  // > 0; ignored when greedy
-  int64_t top_k = 0;         // 0: off
-  double top_p = 1.0;        // 1: off (nucleus sampling keeps the smallest set with mass >= top_p)
-  bool greedy = false;
-  uint64_t seed = 0;
-  int64_t eos = -1;          // stop a sequence at this token (-1: never)
-  int64_t pad = 0;           // fills the left of shorter prompts (any id; it is masked out)
-};
-
-// Continues each prompt (token ids; any lengths, left-padded into one batch) with the KV cache,
-// in eval mode and without gradients. on_token(row, token) is called as each token is chosen,
-// in order, so callers can stream the text. Returns max_new new tokens for each row (fewer only
-// where eos came: the row ends with it). The same seed gives the same tokens. The model sees each
-// row's last block_size tokens: past the context the window slides (the cache is rebuilt from
-// the window, positions from 0, as nanoGPT crops), and a longer prompt keeps its end.
-std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<std::vector<int64_t>>& prompts,
-                                           const SampleOptions& options,
-                                           const std::function<void(size_t, int64_t)>& on_token = {});
-
-// One sampling step on logits [B, V]: temperature, top-k, top-p, then a seeded multinomial draw
-// (or argmax when greedy). Exposed for tests.
-Tensor sample_next(const Tensor& logits, const SampleOptions& options, Generator& gen);
 
 }  // namespace tapestry::models

@@ -11,7 +11,8 @@ LlamaConfig LlamaConfig::named(const std::string& name, int64_t vocab) {
   if (name == "tiny") {
     c.layers = 2, c.heads = 4, c.kv_heads = 2, c.d_model = 64, c.d_ff = 176, c.max_positions = 64;
   } else if (name == "mini") {
-    c.layers = 4, c.heads = 4, c.kv_heads = 2, c.d_model = 128, c.d_ff = 352, c.max_positions = 128;
+    c.layers = 4, c.heads = 4, c.kv_heads = 2, c.d_model = 128, c.d_ff = 384, c.max_positions = 128;
+    c.tie_embeddings = true;
   } else {
     throw Error(fmt::format("LlamaConfig: unknown config '{}' (expected one of {})", name, fmt::join(names(), ", ")));
   }
@@ -30,6 +31,7 @@ void LlamaConfig::validate() const {
   TP_CHECK(head_dim() % 2 == 0, "LlamaConfig: the head dim {} (d_model / heads) must be even for the rotary pairs",
            head_dim());
   TP_CHECK(kv_heads > 0 && heads % kv_heads == 0, "LlamaConfig: kv_heads {} must divide heads {}", kv_heads, heads);
+  TP_CHECK(dropout >= 0 && dropout < 1, "LlamaConfig: dropout must be in [0, 1), got {}", dropout);
   TP_CHECK(rope_theta > 0 && rms_eps >= 0, "LlamaConfig: rope_theta must be positive and rms_eps at least 0, got {} and {}",
            rope_theta, rms_eps);
 }
@@ -102,12 +104,13 @@ LlamaBlock::LlamaBlock(const LlamaConfig& c) {
   post_attention_layernorm =
       register_module("post_attention_layernorm", std::make_shared<nn::RMSNorm>(c.d_model, c.rms_eps));
   mlp = register_module("mlp", std::make_shared<LlamaMLP>(c.d_model, c.d_ff));
+  dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
 }
 
 Tensor LlamaBlock::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& masked_out, bool causal,
                            nn::KVCache* cache) const {
-  Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, masked_out, causal, cache);
-  return h + mlp->forward(post_attention_layernorm->forward(h));
+  Tensor h = x + dropout->forward(self_attn->forward(input_layernorm->forward(x), cos, sin, masked_out, causal, cache));
+  return h + dropout->forward(mlp->forward(post_attention_layernorm->forward(h)));
 }
 
 Llama::Llama(const LlamaConfig& c) : config(c) {
@@ -176,14 +179,6 @@ Tensor Llama::forward(const Tensor& ids_in, LlamaCache* cache, const Tensor& pos
   for (size_t i = 0; i < layers->size(); ++i)
     x = layers->at<LlamaBlock>(i)->forward(x, cos, sin, mask, causal, cache ? &cache->layers[i] : nullptr);
   return lm_head->forward(norm->forward(x));
-}
-
-Tensor Llama::loss(const Tensor& ids, const Tensor& targets) {
-  TP_CHECK(targets.sizes() == ids.sizes() && targets.dtype() == DType::Int64,
-           "Llama::loss: targets must be int64 {} like the ids, got {} {}", ids.sizes(), targets.dtype(),
-           targets.sizes());
-  Tensor logits = forward(ids);
-  return cross_entropy(logits.reshape({-1, config.vocab}), targets.to(logits.device()).reshape({-1}), 0.0, -100);
 }
 
 }  // namespace tapestry::models

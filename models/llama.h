@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "tapestry/models/causal_lm.h"
 #include "tapestry/nn/layers.h"
 
 namespace tapestry::models {
@@ -25,9 +26,12 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   double rms_eps = 1e-5;        // rms_norm_eps
   bool tie_embeddings = false;  // tie_word_embeddings
+  double dropout = 0.0;         // on each block's attention and MLP outputs while training (not in
+                                // Hugging Face's Llama, which has none: 0 keeps it so)
 
-  // "tiny" (2 layers, 4 heads, 2 kv heads, 64, d_ff 176, 64 positions) and "mini" (4, 4, 2, 128,
-  // 352, 128 positions: about the GPT's mini at the same vocabulary).
+  // "tiny" (2 layers, 4 heads, 2 kv heads, 64, d_ff 176, 64 positions, untied head) and "mini"
+  // (4, 4, 2, 128, d_ff 384, 128 positions, tied head, as SmolLM's small models: within 1% of the
+  // GPT's mini's parameters at the same vocabulary, for the side-by-side in docs/training.md).
   static LlamaConfig named(const std::string& name, int64_t vocab);
   static std::vector<std::string> names();
   int64_t head_dim() const { return d_model / heads; }
@@ -39,11 +43,8 @@ struct LlamaConfig {
 // each [positions, K / 2].
 std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_dim, double theta);
 
-// Per-layer caches for incremental decoding: [B, G, T, K] keys and values (G heads, not H).
-struct LlamaCache {
-  std::vector<nn::KVCache> layers;
-  int64_t length() const { return layers.empty() || !layers[0].k.defined() ? 0 : layers[0].k.size(2); }
-};
+// Its caches hold the G key/value heads: [B, G, T, K].
+using LlamaCache = LMCache;
 
 class LlamaAttention : public nn::Module {
  public:
@@ -73,19 +74,18 @@ class LlamaBlock : public nn::Module {
   std::shared_ptr<nn::RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
+  std::shared_ptr<nn::Dropout> dropout;  // on both branches' outputs (config.dropout)
 };
 
-class Llama : public nn::Module {
+class Llama : public CausalLM {
  public:
   explicit Llama(const LlamaConfig& config);
 
-  // ids [B, T] int64 -> logits [B, T, V]. positions: [B, T] int64 (undefined: 0..T-1, or
-  // continuing the cache). masked_out: keys to mask out, [B, 1, 1, Tk] (e.g. left padding). With
-  // a cache, ids hold only the new tokens.
-  Tensor forward(const Tensor& ids, LlamaCache* cache = nullptr, const Tensor& positions = Tensor(),
-                 const Tensor& masked_out = Tensor());
-  // Mean cross-entropy of forward(ids) against targets [B, T] (ignore_index -100 skips a position).
-  Tensor loss(const Tensor& ids, const Tensor& targets);
+  // See CausalLM::forward.
+  Tensor forward(const Tensor& ids, LMCache* cache = nullptr, const Tensor& positions = Tensor(),
+                 const Tensor& masked_out = Tensor()) override;
+  int64_t context_length() const override { return config.max_positions; }
+  int64_t vocab_size() const override { return config.vocab; }
 
   LlamaConfig config;
   std::shared_ptr<nn::Embedding> embed_tokens;

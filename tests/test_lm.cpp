@@ -15,6 +15,8 @@
 #include "apps/data/text.h"
 #include "apps/tasks/language_model.h"
 #include "apps/train/trainer.h"
+#include "tapestry/models/gpt.h"
+#include "tapestry/models/llama.h"
 #include "tapestry/nn/safetensors.h"
 #include "tests/helpers.h"
 
@@ -158,6 +160,54 @@ TEST_CASE("stream_loss: every token after the first predicted once, in windows o
   CHECK(apps::stream_loss(model, std::vector<int32_t>{}, block, 3) == 0.0);
 }
 
+TEST_CASE("train_language_model --model llama: learns, saves, loads with its config, samples; resumed to the bit") {
+  const std::string dir = fresh_temp_dir("lm_llama");
+  const std::string data = write_corpus(dir);
+  apps::LMOptions o = tiny_lm(data, dir + "/a");
+  o.model = "llama";
+  o.trainer.step_log = dir + "/a.steps.tsv";
+  apps::LMResult a = apps::train_language_model(o);
+  REQUIRE(a.steps > 0);
+  REQUIRE(std::isfinite(a.val_loss));
+  CHECK(a.val_loss < std::log(256.0));  // better than uniform over bytes
+  // tiny Llama at 256 bytes: embedding and head 2 x 256 x 64; per layer q, o 64 x 64, k, v 64 x 32,
+  // gate, up, down 64 x 176, two norms of 64; the final norm.
+  CHECK(a.parameters == 2 * 256 * 64 + 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64) + 64);
+
+  apps::LanguageModel lm = apps::load_language_model(o.trainer.out_dir);
+  auto* llama = dynamic_cast<models::Llama*>(lm.model.get());
+  REQUIRE(llama);
+  CHECK(llama->config.max_positions == 16);
+  CHECK(llama->config.kv_heads == 2);
+  CHECK(llama->config.d_ff == 176);
+  CHECK(llama->config.rms_eps == 1e-5);
+  CHECK_FALSE(lm.model->is_training());
+  const std::vector<std::string> lines = corpus_lines();
+  std::vector<int32_t> val_stream = {'\n'};
+  for (size_t i = 190; i < lines.size(); ++i) {
+    for (unsigned char ch : lines[i]) val_stream.push_back(ch);
+    val_stream.push_back('\n');
+  }
+  CHECK(apps::stream_loss(*lm.model, val_stream, 16, 8) == doctest::Approx(a.val_loss).epsilon(1e-9));
+  // Sampling past the 16-position context (the window slides), with and without the cache.
+  models::SampleOptions so;
+  so.greedy = true;
+  so.max_new = 30;
+  std::vector<Ids> cached = models::generate(*lm.model, {lm.tokenizer->encode("the "), lm.tokenizer->encode("a")}, so);
+  so.use_cache = false;
+  CHECK(models::generate(*lm.model, {lm.tokenizer->encode("the "), lm.tokenizer->encode("a")}, so) == cached);
+
+  // Interrupted and resumed: the same steps to the bit.
+  apps::LMOptions b = o;
+  b.trainer.out_dir = dir + "/b", b.trainer.step_log = dir + "/b.steps.tsv";
+  b.trainer.stop_after = a.steps / 2;
+  CHECK(apps::train_language_model(b).stopped);
+  b.trainer.stop_after = 0, b.trainer.resume = true;
+  CHECK(apps::train_language_model(b).val_loss == a.val_loss);
+  CHECK(read_file(b.trainer.step_log) == read_file(o.trainer.step_log));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("train_language_model: metrics, the run folder, loading and sampling; resumed to the bit; time_limit") {
   const std::string dir = fresh_temp_dir("lm");
   const std::string data = write_corpus(dir);
@@ -201,11 +251,13 @@ TEST_CASE("train_language_model: metrics, the run folder, loading and sampling; 
   REQUIRE(lm.model);
   REQUIRE(lm.tokenizer);
   CHECK(lm.tokenizer->name() == "byte");
-  CHECK(lm.model->config.vocab == 256);
-  CHECK(lm.model->config.block_size == 16);
-  CHECK(lm.model->config.layers == 2);
-  CHECK(lm.model->config.heads == 2);
-  CHECK(lm.model->config.d_model == 64);
+  auto* gpt = dynamic_cast<models::GPT*>(lm.model.get());
+  REQUIRE(gpt);
+  CHECK(gpt->config.vocab == 256);
+  CHECK(gpt->config.block_size == 16);
+  CHECK(gpt->config.layers == 2);
+  CHECK(gpt->config.heads == 2);
+  CHECK(gpt->config.d_model == 64);
   CHECK_FALSE(lm.model->is_training());
   std::vector<int32_t> val_stream = {'\n'};
   for (size_t i = 190; i < lines.size(); ++i) {
@@ -284,7 +336,11 @@ TEST_CASE("train_language_model: errors name the option or the file") {
   CHECK(error_with([](apps::LMOptions& o) { o.batch = 0; }).find("train: --batch: must be a positive integer, got '0'") !=
         std::string::npos);
   CHECK(error_with([](apps::LMOptions& o) { o.config = "huge"; })
-            .find("train: --config: must be tiny, mini, small, medium or gpt2, got 'huge'") != std::string::npos);
+            .find("train: --config: must be tiny, mini, small, medium or gpt2 for --model gpt, got 'huge'") != std::string::npos);
+  CHECK(error_with([](apps::LMOptions& o) { o.model = "llama", o.config = "small"; })
+            .find("train: --config: must be tiny or mini for --model llama, got 'small'") != std::string::npos);
+  CHECK(error_with([](apps::LMOptions& o) { o.model = "mamba"; })
+            .find("train: --model: must be gpt or llama, got 'mamba'") != std::string::npos);
   CHECK(error_with([](apps::LMOptions& o) { o.trainer.time_limit = -1; })
             .find("train: --time-limit: must be a number >= 0, got '-1.0'") != std::string::npos);
   CHECK(error_with([](apps::LMOptions& o) { o.trainer.epochs = 0; }).find("--epochs: must be a positive integer") !=

@@ -8,6 +8,7 @@
 #include "apps/data/lm_tokenizer.h"
 #include "apps/data/text.h"
 #include "apps/tasks/language_model.h"
+#include "tapestry/models/gpt.h"
 #include "tapestry/ops/factory.h"
 #include "tools/cli.h"
 

@@ -20,6 +20,8 @@
 #include "tapestry/ops/file.h"
 #include "tapestry/dist/dist.h"
 #include "tapestry/nn/safetensors.h"
+#include "tapestry/models/gpt.h"
+#include "tapestry/models/llama.h"
 #include "tapestry/optim/optimizer.h"
 
 namespace tapestry::apps {
@@ -71,7 +73,7 @@ std::pair<Tensor, Tensor> make_windows(const std::vector<int32_t>& stream, const
 // epoch alone (Note [Exact resume]).
 class LMData : public DataSource {
  public:
-  LMData(GPT& model, const std::vector<int32_t>& stream, int64_t block, int64_t batch, uint64_t seed)
+  LMData(CausalLM& model, const std::vector<int32_t>& stream, int64_t block, int64_t batch, uint64_t seed)
       : model_(model), stream_(stream), block_(block), batch_(batch), seed_(seed) {}
   int64_t plan(int64_t epoch) override {
     std::mt19937_64 rng(seed_ * 1000003ULL + static_cast<uint64_t>(epoch));
@@ -94,7 +96,7 @@ class LMData : public DataSource {
   }
 
  private:
-  GPT& model_;
+  CausalLM& model_;
   const std::vector<int32_t>& stream_;
   int64_t block_, batch_;
   uint64_t seed_;
@@ -107,7 +109,7 @@ void write_ids(const std::string& path, const std::vector<int32_t>& ids) {
 
 }  // namespace
 
-double stream_loss(GPT& model, const std::vector<int32_t>& stream, int64_t block, int64_t batch) {
+double stream_loss(CausalLM& model, const std::vector<int32_t>& stream, int64_t block, int64_t batch) {
   NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
@@ -146,7 +148,10 @@ OptionTable options_table(LMOptions& o) {
   t.add("gpt2-dir", o.gpt2_dir, "where encoder.json and vocab.bpe are (default: $TAPESTRY_GPT2_DIR or "
         "~/.cache/tapestry/gpt2)");
   t.add("vocab-size", o.vocab_size, "SentencePiece vocabulary").positive();
-  t.add("config", o.config, "model size").one_of(GPTConfig::names()).recipe();
+  t.add("model", o.model, "gpt (GPT-2's blocks) or llama (RMSNorm, rotary positions, SwiGLU, grouped-query "
+        "attention)").one_of({"gpt", "llama"}).recipe();
+  t.add("config", o.config, fmt::format("model size: gpt {}; llama {}", fmt::join(GPTConfig::names(), ", "),
+                                        fmt::join(LlamaConfig::names(), ", "))).recipe();
   t.add("block", o.block, "context length of the training windows").positive().recipe();
   t.add("batch", o.batch, "windows per batch").positive().recipe();
   t.take(trainer, "epochs").recipe();  // the cosine schedule spans them
@@ -241,8 +246,8 @@ void export_streams(const std::string& dir, const LMTokenizer& tok, const Stream
                                 val.ids.size(), val.bytes, train.bytes, tok.separator()));
 }
 
-// GPT's AdamW: betas (0.9, 0.95), weight decay on the matrices only.
-std::unique_ptr<optim::AdamW> gpt_adamw(GPT& model, const LMOptions& o) {
+// GPT's (and Llama's) AdamW: betas (0.9, 0.95), weight decay on the matrices only.
+std::unique_ptr<optim::AdamW> lm_adamw(CausalLM& model, const LMOptions& o) {
   optim::AdamOptions ao;
   ao.lr = o.lr, ao.beta1 = 0.9, ao.beta2 = 0.95, ao.eps = 1e-8, ao.weight_decay = o.weight_decay;
   return std::make_unique<optim::AdamW>(
@@ -253,6 +258,7 @@ std::unique_ptr<optim::AdamW> gpt_adamw(GPT& model, const LMOptions& o) {
 
 std::map<std::string, std::string> gpt_metadata(const GPTConfig& cfg, const LMTokenizer& tok) {
   return {{"task", "lm"},
+          {"model", "gpt"},
           {"tokenizer", tok.name()},
           {"vocab", std::to_string(cfg.vocab)},
           {"block_size", std::to_string(cfg.block_size)},
@@ -263,8 +269,53 @@ std::map<std::string, std::string> gpt_metadata(const GPTConfig& cfg, const LMTo
           {"gelu_tanh", cfg.gelu_tanh ? "1" : "0"}};
 }
 
+std::map<std::string, std::string> llama_metadata(const LlamaConfig& cfg, const LMTokenizer& tok) {
+  return {{"task", "lm"},
+          {"model", "llama"},
+          {"tokenizer", tok.name()},
+          {"vocab", std::to_string(cfg.vocab)},
+          {"max_positions", std::to_string(cfg.max_positions)},
+          {"layers", std::to_string(cfg.layers)},
+          {"heads", std::to_string(cfg.heads)},
+          {"kv_heads", std::to_string(cfg.kv_heads)},
+          {"d_model", std::to_string(cfg.d_model)},
+          {"d_ff", std::to_string(cfg.d_ff)},
+          {"rope_theta", fmt::format("{}", cfg.rope_theta)},
+          {"rms_eps", fmt::format("{}", cfg.rms_eps)},
+          {"tie_embeddings", cfg.tie_embeddings ? "1" : "0"}};
+}
+
+// The --model at --config for a vocabulary, with the checkpoint metadata that rebuilds it and a
+// line describing it.
+struct LMModel {
+  std::shared_ptr<CausalLM> model;
+  std::map<std::string, std::string> metadata;
+  std::string shape;
+};
+
+LMModel make_lm_model(const LMOptions& o, const LMTokenizer& tok) {
+  LMModel m;
+  if (o.model == "llama") {
+    LlamaConfig cfg = LlamaConfig::named(o.config, tok.vocab_size());
+    cfg.max_positions = o.block;
+    cfg.dropout = o.dropout;
+    m.model = std::make_shared<Llama>(cfg);
+    m.metadata = llama_metadata(cfg, tok);
+    m.shape = fmt::format("{} layers, {} heads ({} key/value), d_model {}", cfg.layers, cfg.heads, cfg.kv_heads,
+                          cfg.d_model);
+  } else {
+    GPTConfig cfg = GPTConfig::named(o.config, tok.vocab_size());
+    cfg.block_size = o.block;
+    cfg.dropout = o.dropout;
+    m.model = std::make_shared<GPT>(cfg);
+    m.metadata = gpt_metadata(cfg, tok);
+    m.shape = fmt::format("{} layers, {} heads, d_model {}", cfg.layers, cfg.heads, cfg.d_model);
+  }
+  return m;
+}
+
 // The run's figures, from the Trainer's result; the final line when the run finished.
-LMResult lm_result(const FitResult& fit, const GPT& model, const Stream& train, const Stream& val, double seconds) {
+LMResult lm_result(const FitResult& fit, const CausalLM& model, const Stream& train, const Stream& val, double seconds) {
   LMResult r;
   r.steps = fit.steps, r.stopped = fit.stopped, r.interrupted = fit.interrupted;
   r.train_tokens = static_cast<int64_t>(train.ids.size()), r.val_tokens = static_cast<int64_t>(val.ids.size());
@@ -299,7 +350,11 @@ LMResult train_language_model(const LMOptions& options) {
   TP_CHECK(o.min_lr <= o.lr, "train: --min-lr {} is above --lr {}", o.min_lr, o.lr);
   if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
   const std::string config_toml = options_to_toml(o);  // refuses text TOML cannot hold, before anything is written
-  GPTConfig::named(o.config, 1);  // checks the name before the data are read
+  // The config's name, which depends on the model, is checked before the data are read.
+  const std::vector<std::string> configs = o.model == "llama" ? LlamaConfig::names() : GPTConfig::names();
+  TP_CHECK(std::find(configs.begin(), configs.end(), o.config) != configs.end(),
+           "train: --config: must be {} or {} for --model {}, got '{}'",
+           fmt::join(configs.begin(), configs.end() - 1, ", "), configs.back(), o.model, o.config);
   TrainerOptions to = o.trainer;
 
   // Data.
@@ -320,22 +375,19 @@ LMResult train_language_model(const LMOptions& options) {
   if (o.export_ids) export_streams(to.out_dir, *tok, train, val);
 
   // Model, optimizer and schedule.
-  GPTConfig cfg = GPTConfig::named(o.config, tok->vocab_size());
-  cfg.block_size = o.block;
-  cfg.dropout = o.dropout;
-  GPT model(cfg);
+  const LMModel made = make_lm_model(o, *tok);
+  CausalLM& model = *made.model;
   model.to(training_device(o.device));  // before the optimizer, whose state follows the parameters
-  const std::unique_ptr<optim::AdamW> adamw = gpt_adamw(model, o);
+  const std::unique_ptr<optim::AdamW> adamw = lm_adamw(model, o);
   LMData data(model, train.ids, o.block, o.batch, to.seed);
   const int64_t steps_per_epoch = data.plan(1), total_steps = steps_per_epoch * to.epochs;
   optim::CosineSchedule schedule(o.lr, std::min(o.warmup, total_steps), total_steps, o.min_lr);
   std::printf("train: language model on %s (%zu lines, %zu tokens, %lld bytes), val %s (%zu tokens), tokenizer %s "
-              "(vocabulary %lld), config %s (%lld layers, %lld heads, d_model %lld, %lld parameters), block %lld, "
+              "(vocabulary %lld), %s %s (%s, %lld parameters), block %lld, "
               "batch %lld, %lld epochs of %lld steps, AdamW lr %.2e -> %.2e (cosine, warmup %lld), weight decay %.2f\n",
               text.train_path.c_str(), text.train.size(), train.ids.size(), (long long)train.bytes,
               text.val_path.c_str(), val.ids.size(), tok->name().c_str(), (long long)tok->vocab_size(),
-              o.config.c_str(), (long long)cfg.layers, (long long)cfg.heads, (long long)cfg.d_model,
-              (long long)model.num_parameters(), (long long)o.block, (long long)o.batch, (long long)to.epochs,
+              o.model == "llama" ? "Llama" : "GPT", o.config.c_str(), made.shape.c_str(), (long long)model.num_parameters(), (long long)o.block, (long long)o.batch, (long long)to.epochs,
               (long long)steps_per_epoch, o.lr, o.min_lr, (long long)std::min(o.warmup, total_steps), o.weight_decay);
   std::fflush(stdout);
 
@@ -345,8 +397,9 @@ LMResult train_language_model(const LMOptions& options) {
   to.recipe.insert({{"task", "lm"}, {"tokenizer", tok->name()}, {"vocab", std::to_string(tok->vocab_size())},
                     {"data", text.train_path}});
   to.run_files = {{"config.toml", config_toml}};
-  to.model_metadata = gpt_metadata(cfg, *tok);
-  to.curves_title = fmt::format("GPT {} on {} ({} tokens)", o.config, text.train_path, tok->name());
+  to.model_metadata = made.metadata;
+  to.curves_title = fmt::format("{} {} on {} ({} tokens)", o.model == "llama" ? "Llama" : "GPT", o.config,
+                                text.train_path, tok->name());
 
   // Metric; fit.
   const auto start = std::chrono::steady_clock::now();
@@ -367,20 +420,38 @@ LanguageModel load_language_model(const std::string& dir) {
   const std::string& path = saved.path;
   auto meta = [&](const char* key) { return saved.meta(key); };
   auto number = [&](const char* key) { return saved.num(key); };
-  GPTConfig c;
-  c.vocab = number("vocab"), c.block_size = number("block_size"), c.layers = number("layers");
-  c.heads = number("heads"), c.d_model = number("d_model"), c.d_ff = number("d_ff");
-  c.gelu_tanh = meta("gelu_tanh") == "1";
-  c.dropout = 0;
   LanguageModel lm;
   const std::string t = meta("tokenizer");
   if (t == "byte") lm.tokenizer = byte_tokenizer();
   else if (t == "sentencepiece") lm.tokenizer = sentencepiece_tokenizer(dir + "/spm.model");
   else if (t == "gpt2") lm.tokenizer = gpt2_tokenizer(dir + "/gpt2");
   else throw Error(fmt::format("{}: unknown tokenizer '{}'", path, t));
-  TP_CHECK(lm.tokenizer->vocab_size() == c.vocab, "{}: the model has {} tokens but the tokenizer {}", path, c.vocab,
-           lm.tokenizer->vocab_size());
-  lm.model = std::make_shared<GPT>(c);
+  // Run folders from before the Llama have no "model" entry: they hold a GPT.
+  const std::string kind = saved.file.metadata.count("model") ? meta("model") : "gpt";
+  if (kind == "llama") {
+    LlamaConfig c;
+    c.vocab = number("vocab"), c.max_positions = number("max_positions"), c.layers = number("layers");
+    c.heads = number("heads"), c.kv_heads = number("kv_heads"), c.d_model = number("d_model");
+    c.d_ff = number("d_ff"), c.tie_embeddings = meta("tie_embeddings") == "1";
+    c.rope_theta = saved.real("rope_theta"), c.rms_eps = saved.real("rms_eps");
+    try {
+      c.validate();
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: {}", path, e.what()));
+    }
+    lm.model = std::make_shared<Llama>(c);
+  } else if (kind == "gpt") {
+    GPTConfig c;
+    c.vocab = number("vocab"), c.block_size = number("block_size"), c.layers = number("layers");
+    c.heads = number("heads"), c.d_model = number("d_model"), c.d_ff = number("d_ff");
+    c.gelu_tanh = meta("gelu_tanh") == "1";
+    c.dropout = 0;
+    lm.model = std::make_shared<GPT>(c);
+  } else {
+    throw Error(fmt::format("{}: unknown model '{}' (expected gpt or llama)", path, kind));
+  }
+  TP_CHECK(lm.tokenizer->vocab_size() == lm.model->vocab_size(), "{}: the model has {} tokens but the tokenizer {}",
+           path, lm.model->vocab_size(), lm.tokenizer->vocab_size());
   lm.model->load_state_dict(saved.file.as_map());
   lm.model->eval();
   return lm;

@@ -1,6 +1,7 @@
-// Training a GPT language model on any UTF-8 text through the Trainer (`tapestry train --task
-// lm`): the corpus as one token stream (a separator token ends each line), random windows of
-// block_size + 1 tokens, AdamW with parameter groups (no decay on biases and LayerNorm), linear
+// Training a decoder-only language model (the GPT, or the Llama with --model llama) on any UTF-8
+// text through the Trainer (`tapestry train --task lm`): the corpus as one token stream (a
+// separator token ends each line), random windows of block_size + 1 tokens, AdamW with parameter
+// groups (no decay on biases and norm weights), linear
 // warmup and cosine decay, validation loss, perplexity and bits per byte after each epoch,
 // checkpoints and exact resume. `tapestry generate` samples from the run folder it writes.
 #pragma once
@@ -11,7 +12,7 @@
 
 #include "apps/data/lm_tokenizer.h"
 #include "apps/train/trainer.h"
-#include "tapestry/models/gpt.h"
+#include "tapestry/models/causal_lm.h"
 
 namespace tapestry::apps {
 
@@ -34,7 +35,8 @@ struct LMOptions {
   std::string tokenizer = "sentencepiece";  // sentencepiece | byte | gpt2
   std::string gpt2_dir;     // gpt2: where encoder.json and vocab.bpe are (empty: the default cache)
   int64_t vocab_size = 4000;  // sentencepiece only
-  std::string config = "mini";
+  std::string model = "gpt";     // gpt | llama
+  std::string config = "mini";   // one of the model's named configs (GPTConfig / LlamaConfig)
   int64_t block = 64;       // context length of the training windows (<= the config's, which it replaces)
   int64_t batch = 32;       // windows per batch
   double lr = 2e-3, min_lr = 2e-4;
@@ -64,17 +66,17 @@ struct LMResult {
 
 LMResult train_language_model(const LMOptions& options);
 
-// A trained model and its tokenizer, from a run folder train_language_model wrote (or a
-// Hugging Face GPT-2 safetensors file with --hf, see load_gpt2_hf).
+// A trained model and its tokenizer, from a run folder train_language_model wrote (or Hugging
+// Face weights: GPT-2's safetensors file, see load_gpt2_hf, or a Llama directory).
 struct LanguageModel {
   std::unique_ptr<LMTokenizer> tokenizer;
-  std::shared_ptr<models::GPT> model;
+  std::shared_ptr<models::CausalLM> model;
 };
 LanguageModel load_language_model(const std::string& checkpoint_dir);
 
 // Mean loss (nats per predicted token) over a stream, in windows of block + 1 tokens that step
 // by block: every token after the first is predicted once.
-double stream_loss(models::GPT& model, const std::vector<int32_t>& stream, int64_t block, int64_t batch);
+double stream_loss(models::CausalLM& model, const std::vector<int32_t>& stream, int64_t block, int64_t batch);
 
 // Peak resident set size of this process, MiB.
 double peak_rss_mib();

@@ -27,6 +27,18 @@ int64_t SavedModel::num(const char* key) const {
   return 0;
 }
 
+double SavedModel::real(const char* key) const {
+  const std::string text = meta(key);
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used == text.size()) return v;
+  } catch (const std::logic_error&) {
+  }
+  TP_CHECK(false, "{}: metadata '{}' is not a number: '{}'", path, key, text);
+  return 0;
+}
+
 SavedModel read_saved_model(const std::string& dir, const std::vector<std::string>& tasks, const std::string& kind,
                             const std::string& train_command) {
   SavedModel s;

@@ -17,6 +17,7 @@ struct SavedModel {
   std::string kind;          // what it should be, for errors: "a language model"
   std::string meta(const char* key) const;  // throws when the key is absent
   int64_t num(const char* key) const;       // ... or not an integer
+  double real(const char* key) const;       // ... or not a number
 };
 
 // DIR/model.safetensors, whose metadata "task" must be one of `tasks`; `kind` names what it

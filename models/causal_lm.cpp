@@ -1,11 +1,33 @@
-// Text generation with a GPT: batched prompts (left-padded), the KV cache, and sampling with
-// temperature, top-k and top-p (nucleus), drawn from a seeded Generator.
+// The decoder-only models' shared parts (see causal_lm.h): the loss, the weight-decay split, and
+// text generation: batched prompts (left-padded), the KV cache, and sampling with temperature,
+// top-k and top-p (nucleus), drawn from a seeded Generator.
+#include "tapestry/models/causal_lm.h"
+
 #include <algorithm>
 #include <limits>
 
-#include "tapestry/models/gpt.h"
-
 namespace tapestry::models {
+
+Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets) {
+  TP_CHECK(targets.sizes() == ids.sizes() && targets.dtype() == DType::Int64,
+           "loss: targets must be int64 {} like the ids, got {} {}", ids.sizes(), targets.dtype(), targets.sizes());
+  Tensor logits = forward(ids);
+  return cross_entropy(logits.reshape({-1, vocab_size()}), targets.to(logits.device()).reshape({-1}), 0.0, -100);
+}
+
+std::vector<Tensor> CausalLM::decay_parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, p] : named_parameters())
+    if (p.dim() >= 2) out.push_back(p);
+  return out;
+}
+
+std::vector<Tensor> CausalLM::no_decay_parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, p] : named_parameters())
+    if (p.dim() < 2) out.push_back(p);
+  return out;
+}
 
 Tensor sample_next(const Tensor& logits_in, const SampleOptions& o, Generator& gen) {
   TP_CHECK(logits_in.dim() == 2 && logits_in.size(1) > 0, "sample_next: expected logits [B, V], got {}",
@@ -40,13 +62,13 @@ Tensor sample_next(const Tensor& logits_in, const SampleOptions& o, Generator& g
   return multinomial(softmax(logits, 1), 1, false, &gen);  // [B, 1]
 }
 
-std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<std::vector<int64_t>>& prompts,
+std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
                                            const SampleOptions& o, const std::function<void(size_t, int64_t)>& on_token) {
   TP_CHECK(!prompts.empty(), "generate: no prompts");
   TP_CHECK(o.max_new >= 0, "generate: max_new must be non-negative, got {}", o.max_new);
   for (size_t b = 0; b < prompts.size(); ++b)
     TP_CHECK(!prompts[b].empty(), "generate: prompt {} is empty; start it with a token (e.g. the end-of-text id)", b);
-  const int64_t B = static_cast<int64_t>(prompts.size()), block = model.config.block_size;
+  const int64_t B = static_cast<int64_t>(prompts.size()), block = model.context_length();
 
   const bool was_training = model.is_training();
   model.eval();
@@ -61,7 +83,7 @@ std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<std::ve
   std::vector<int64_t> length(static_cast<size_t>(B));  // tokens of each row in the cache
   Tensor keys_masked;                                   // [B, cached], true at padding
   bool any_pad = false;
-  GPTCache cache;
+  LMCache cache;
   auto mask_now = [&]() { return any_pad ? keys_masked.unsqueeze(1).unsqueeze(1) : Tensor(); };
   // A fresh cache from each row's last (at most `block`) tokens. Left padding: every row's last
   // token sits in the last column, so one step serves all rows; pads are masked out as keys and
@@ -86,8 +108,9 @@ std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<std::ve
     }
     keys_masked = ne(tensor(pad_mask, {B, L}).to(device), 0.0);
     any_pad = std::any_of(pad_mask.begin(), pad_mask.end(), [](int64_t m) { return m != 0; });
-    cache = GPTCache();
-    return model.forward(tensor(ids, {B, L}).to(device), &cache, tensor(pos, {B, L}).to(device), mask_now());
+    cache = LMCache();
+    return model.forward(tensor(ids, {B, L}).to(device), o.use_cache ? &cache : nullptr, tensor(pos, {B, L}).to(device),
+                         mask_now());
   };
 
   std::vector<std::vector<int64_t>> out(prompts.size());
@@ -106,7 +129,7 @@ std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<std::ve
       all_done = all_done && done[b];
     }
     if (all_done || step + 1 == o.max_new) break;
-    if (cache.length() >= block) {  // the context is full: slide the window
+    if (!o.use_cache || cache.length() >= block) {  // no cache, or the context is full: slide the window
       logits = prime();
       continue;
     }

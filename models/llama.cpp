@@ -2,6 +2,15 @@
 #include "tapestry/models/llama.h"
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "tapestry/autograd/grad_mode.h"
+#include "tapestry/nn/safetensors.h"
 
 namespace tapestry::models {
 
@@ -179,6 +188,148 @@ Tensor Llama::forward(const Tensor& ids_in, LlamaCache* cache, const Tensor& pos
   for (size_t i = 0; i < layers->size(); ++i)
     x = layers->at<LlamaBlock>(i)->forward(x, cos, sin, mask, causal, cache ? &cache->layers[i] : nullptr);
   return lm_head->forward(norm->forward(x));
+}
+
+namespace {
+
+using Json = nlohmann::json;
+
+Json read_json(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  TP_CHECK(in.good(), "load_llama_hf: {}: cannot open {}", path, what);
+  try {
+    return Json::parse(in);
+  } catch (const Json::exception& e) {
+    throw Error(fmt::format("load_llama_hf: {}: not valid JSON ({})", path, e.what()));
+  }
+}
+
+}  // namespace
+
+LlamaConfig read_llama_hf_config(const std::string& path) {
+  const Json j = read_json(path, "the model's config");
+  TP_CHECK(j.is_object(), "load_llama_hf: {}: expected a JSON object", path);
+  auto has = [&](const char* key) { return j.contains(key) && !j.at(key).is_null(); };
+  auto integer = [&](const char* key, std::optional<int64_t> fallback) -> int64_t {
+    if (!has(key)) {
+      TP_CHECK(fallback.has_value(), "load_llama_hf: {}: '{}' is missing", path, key);
+      return *fallback;
+    }
+    TP_CHECK(j.at(key).is_number_integer(), "load_llama_hf: {}: '{}' must be an integer, got {}", path, key,
+             j.at(key).dump());
+    return j.at(key).get<int64_t>();
+  };
+  auto real = [&](const char* key, double fallback) {
+    if (!has(key)) return fallback;
+    TP_CHECK(j.at(key).is_number(), "load_llama_hf: {}: '{}' must be a number, got {}", path, key, j.at(key).dump());
+    return j.at(key).get<double>();
+  };
+  auto flag = [&](const char* key) {
+    if (!has(key)) return false;
+    TP_CHECK(j.at(key).is_boolean(), "load_llama_hf: {}: '{}' must be true or false, got {}", path, key,
+             j.at(key).dump());
+    return j.at(key).get<bool>();
+  };
+  const std::string type = has("model_type") && j.at("model_type").is_string() ? j.at("model_type").get<std::string>()
+                                                                              : "llama";
+  TP_CHECK(type == "llama", "load_llama_hf: {}: model_type '{}' is not a Llama (expected \"llama\")", path, type);
+  // What this model does not have is refused rather than silently computed another way.
+  TP_CHECK(!has("rope_scaling"), "load_llama_hf: {}: rope_scaling {} is not supported (plain rotary positions only)",
+           path, has("rope_scaling") ? j.at("rope_scaling").dump() : "");
+  TP_CHECK(!flag("attention_bias") && !flag("mlp_bias"),
+           "load_llama_hf: {}: attention_bias / mlp_bias are not supported (Llama's projections have no biases)", path);
+  const std::string act = has("hidden_act") && j.at("hidden_act").is_string() ? j.at("hidden_act").get<std::string>()
+                                                                             : "silu";
+  TP_CHECK(act == "silu", "load_llama_hf: {}: hidden_act '{}' is not supported (SwiGLU uses silu)", path, act);
+  LlamaConfig c;
+  c.vocab = integer("vocab_size", std::nullopt);
+  c.d_model = integer("hidden_size", std::nullopt);
+  c.d_ff = integer("intermediate_size", std::nullopt);
+  c.layers = integer("num_hidden_layers", std::nullopt);
+  c.heads = integer("num_attention_heads", std::nullopt);
+  c.kv_heads = integer("num_key_value_heads", c.heads);
+  c.max_positions = integer("max_position_embeddings", 2048);
+  c.rope_theta = real("rope_theta", 10000.0);
+  c.rms_eps = real("rms_norm_eps", 1e-6);
+  c.tie_embeddings = flag("tie_word_embeddings");
+  c.dropout = 0.0;
+  if (has("head_dim"))
+    TP_CHECK(c.heads > 0 && integer("head_dim", 0) * c.heads == c.d_model,
+             "load_llama_hf: {}: head_dim {} is not hidden_size / num_attention_heads ({} / {})", path,
+             integer("head_dim", 0), c.d_model, c.heads);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw Error(fmt::format("load_llama_hf: {}: {}", path, e.what()));
+  }
+  return c;
+}
+
+std::shared_ptr<Llama> load_llama_hf(const std::string& dir) {
+  namespace fs = std::filesystem;
+  TP_CHECK(fs::is_directory(dir), "load_llama_hf: {} is not a directory (expected a Hugging Face checkpoint folder "
+           "with config.json and model*.safetensors)", dir);
+  const LlamaConfig c = read_llama_hf_config(dir + "/config.json");
+
+  // The weight files: one model.safetensors, or the shards the index names (each read once).
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  std::vector<std::string> files;
+  if (fs::exists(index_path)) {
+    const Json index = read_json(index_path, "the shard index");
+    TP_CHECK(index.is_object() && index.contains("weight_map") && index.at("weight_map").is_object(),
+             "load_llama_hf: {}: no \"weight_map\" object", index_path);
+    std::set<std::string> seen;
+    for (const auto& [tensor_name, file] : index.at("weight_map").items()) {
+      TP_CHECK(file.is_string(), "load_llama_hf: {}: the file of '{}' is not a string", index_path, tensor_name);
+      const std::string shard = file.get<std::string>();
+      TP_CHECK(shard.find('/') == std::string::npos, "load_llama_hf: {}: shard '{}' is not a file name in {}",
+               index_path, shard, dir);
+      if (!seen.insert(shard).second) continue;
+      TP_CHECK(fs::exists(dir + "/" + shard), "load_llama_hf: {}/{} is missing (model.safetensors.index.json lists it "
+               "for '{}')", dir, shard, tensor_name);
+      files.push_back(shard);
+    }
+  } else {
+    TP_CHECK(fs::exists(dir + "/model.safetensors"), "load_llama_hf: {} has neither model.safetensors nor "
+             "model.safetensors.index.json", dir);
+    files.push_back("model.safetensors");
+  }
+  std::map<std::string, std::pair<Tensor, std::string>> stored;  // key -> (tensor, its file)
+  for (const std::string& f : files) {
+    const std::string path = dir + "/" + f;
+    for (auto& [key, t] : nn::load_safetensors(path).tensors) {
+      TP_CHECK(!stored.count(key), "load_llama_hf: '{}' is in both {} and {}", key, stored.at(key).second, path);
+      stored.emplace(key, std::make_pair(t, path));
+    }
+  }
+
+  auto model = std::make_shared<Llama>(c);
+  NoGradGuard no_grad;
+  std::set<std::string> used;
+  for (auto& [name, p] : model->named_parameters()) {
+    const std::string key = name == "lm_head.weight" ? name : "model." + name;
+    auto it = stored.find(key);
+    TP_CHECK(it != stored.end(), "load_llama_hf: {}: tensor '{}' is missing from {}", dir, key,
+             fmt::join(files, ", "));
+    const auto& [t, path] = it->second;
+    TP_CHECK(t.sizes() == p.sizes(), "load_llama_hf: {}: tensor '{}' is {}, but config.json's sizes make it {}", path,
+             key, t.sizes(), p.sizes());
+    TP_CHECK(is_floating(t.dtype()), "load_llama_hf: {}: tensor '{}' is {}, expected a floating dtype", path, key,
+             t.dtype());
+    p.copy_(t);
+    used.insert(key);
+  }
+  for (const auto& [key, entry] : stored) {
+    if (used.count(key)) continue;
+    // Older checkpoints keep the rotary frequencies as a buffer, and some tied ones store the head too.
+    const std::string inv_freq = "rotary_emb.inv_freq";
+    const bool known = key.size() > inv_freq.size() && key.compare(key.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
+    if (known || (c.tie_embeddings && key == "lm_head.weight")) continue;
+    throw Error(fmt::format("load_llama_hf: {}: unexpected tensor '{}' (config.json: {} layers{})", entry.second, key,
+                            c.layers, c.tie_embeddings ? ", tied head" : ""));
+  }
+  model->eval();
+  return model;
 }
 
 }  // namespace tapestry::models

@@ -101,4 +101,19 @@ class Llama : public CausalLM {
   Tensor cos_, sin_, range_;
 };
 
+// Reads a Llama-family checkpoint directory as Hugging Face stores it: config.json (model_type
+// "llama"; hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+// num_key_value_heads, max_position_embeddings, rope_theta, rms_norm_eps, tie_word_embeddings,
+// vocab_size) and the weights, model.safetensors or the shards that model.safetensors.index.json
+// lists, with keys "model.embed_tokens.weight", "model.layers.{i}.self_attn.q_proj.weight", ...,
+// "model.norm.weight", "lm_head.weight" (absent when tied), stored as float32, bfloat16 or float16
+// and converted to float32. A missing file or tensor, a tensor whose shape disagrees with
+// config.json, a dtype the reader does not read, and config features this model does not have
+// (rope_scaling, attention or MLP biases, another activation) throw one tapestry::Error naming the
+// file and the field or tensor.
+std::shared_ptr<Llama> load_llama_hf(const std::string& dir);
+
+// The config a Hugging Face config.json describes (as load_llama_hf reads it).
+LlamaConfig read_llama_hf_config(const std::string& config_json_path);
+
 }  // namespace tapestry::models

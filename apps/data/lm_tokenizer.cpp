@@ -3,7 +3,7 @@
 
 #include <cstdlib>
 
-#include "apps/data/gpt2_bpe.h"
+#include "apps/data/byte_bpe.h"
 #include "apps/data/subword.h"
 #include "tapestry/ops/error.h"
 
@@ -67,10 +67,10 @@ class SentencePieceTokenizer : public LMTokenizer {
 
 class Gpt2LMTokenizer : public LMTokenizer {
  public:
-  explicit Gpt2LMTokenizer(const std::string& dir) : bpe_(Gpt2Tokenizer::load(dir)) {}
+  explicit Gpt2LMTokenizer(const std::string& dir) : bpe_(ByteLevelBPE::load_gpt2(dir)) {}
   std::vector<int64_t> encode(const std::string& text) const override { return bpe_.encode(text); }
   std::string decode(const std::vector<int64_t>& ids) const override {
-    // Gpt2Tokenizer::decode spells eot out as "<|endoftext|>".
+    // ByteLevelBPE::decode spells eot out as "<|endoftext|>".
     return decode_lines(ids, bpe_.eot(), [this](const std::vector<int64_t>& run) { return bpe_.decode(run); });
   }
   int64_t vocab_size() const override { return bpe_.vocab_size(); }
@@ -78,7 +78,7 @@ class Gpt2LMTokenizer : public LMTokenizer {
   std::string name() const override { return "gpt2"; }
 
  private:
-  Gpt2Tokenizer bpe_;
+  ByteLevelBPE bpe_;
 };
 
 }  // namespace

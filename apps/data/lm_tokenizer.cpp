@@ -2,6 +2,8 @@
 #include "apps/data/lm_tokenizer.h"
 
 #include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "apps/data/byte_bpe.h"
 #include "apps/data/subword.h"
@@ -81,7 +83,77 @@ class Gpt2LMTokenizer : public LMTokenizer {
   ByteLevelBPE bpe_;
 };
 
+// A Hugging Face model's SentencePiece tokenizer.model: its own ids, bos and eos.
+class HFSentencePieceTokenizer : public LMTokenizer {
+ public:
+  explicit HFSentencePieceTokenizer(const std::string& path) : sp_(path) {
+    TP_CHECK(sp_.bos_id() >= 0 && sp_.eos_id() >= 0, "{}: the model has no bos or eos piece", path);
+  }
+  std::vector<int64_t> encode(const std::string& text) const override { return sp_.encode(text); }
+  std::string decode(const std::vector<int64_t>& ids) const override { return sp_.decode_any(ids); }
+  int64_t vocab_size() const override { return sp_.vocab_size(); }
+  int64_t separator() const override { return sp_.eos_id(); }
+  int64_t bos() const override { return sp_.bos_id(); }
+  std::string name() const override { return "hf-sentencepiece"; }
+
+ private:
+  Subword sp_;
+};
+
+// A Hugging Face tokenizer.json (byte-level BPE) with the bos and eos its tokenizer_config.json names.
+class HFBPETokenizer : public LMTokenizer {
+ public:
+  HFBPETokenizer(const std::string& dir) : bpe_(ByteLevelBPE::load_tokenizer_json(dir + "/tokenizer.json")) {
+    const std::string config = dir + "/tokenizer_config.json";
+    nlohmann::json j;
+    if (std::ifstream in(config); in.good()) {
+      try {
+        j = nlohmann::json::parse(in);
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(fmt::format("{}: not valid JSON: {}", config, e.what()));
+      }
+    }
+    auto special = [&](const char* key) -> int64_t {
+      std::string text = "<|endoftext|>";
+      if (j.is_object() && j.contains(key)) {
+        const nlohmann::json& v = j.at(key);
+        if (v.is_string()) text = v.get<std::string>();
+        else if (v.is_object() && v.contains("content") && v.at("content").is_string())
+          text = v.at("content").get<std::string>();
+      }
+      const int64_t id = bpe_.token_id(text);
+      TP_CHECK(id >= 0, "{}: the {} token \"{}\" is not in {}/tokenizer.json", config, key, text, dir);
+      return id;
+    };
+    bos_ = special("bos_token"), eos_ = special("eos_token");
+  }
+  std::vector<int64_t> encode(const std::string& text) const override { return bpe_.encode(text); }
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::vector<int64_t> text_ids;  // bos and eos spelled out would clutter the text
+    for (int64_t id : ids)
+      if (id != bos_ && id != eos_) text_ids.push_back(id);
+    return bpe_.decode(text_ids);
+  }
+  int64_t vocab_size() const override { return bpe_.vocab_size(); }
+  int64_t separator() const override { return eos_; }
+  int64_t bos() const override { return bos_; }
+  std::string name() const override { return "hf-bpe"; }
+
+ private:
+  ByteLevelBPE bpe_;
+  int64_t bos_ = -1, eos_ = -1;
+};
+
 }  // namespace
+
+std::unique_ptr<LMTokenizer> hf_tokenizer(const std::string& dir) {
+  // Llama 2's directories hold both (their tokenizer.json is SentencePiece's BPE converted, with
+  // byte fallback): the SentencePiece model is the original.
+  if (std::ifstream(dir + "/tokenizer.model").good())
+    return std::make_unique<HFSentencePieceTokenizer>(dir + "/tokenizer.model");
+  if (std::ifstream(dir + "/tokenizer.json").good()) return std::make_unique<HFBPETokenizer>(dir);
+  throw Error(fmt::format("{}: no tokenizer.json or tokenizer.model (the model's tokenizer)", dir));
+}
 
 std::unique_ptr<LMTokenizer> byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 std::unique_ptr<LMTokenizer> sentencepiece_tokenizer(const std::string& path) {

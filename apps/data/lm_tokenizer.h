@@ -18,7 +18,11 @@ class LMTokenizer {
   virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual int64_t separator() const = 0;
-  virtual std::string name() const = 0;  // "byte", "sentencepiece" or "gpt2"
+  // What starts a prompt and what ends a generation: the separator, except for a Hugging Face
+  // model's tokenizer (its bos and eos tokens).
+  virtual int64_t bos() const { return separator(); }
+  virtual int64_t eos() const { return separator(); }
+  virtual std::string name() const = 0;  // "byte", "sentencepiece", "gpt2", "hf-bpe" or "hf-sentencepiece"
 };
 
 // Bytes 0..255 are the ids; the separator is '\n' itself.
@@ -27,6 +31,12 @@ std::unique_ptr<LMTokenizer> byte_tokenizer();
 std::unique_ptr<LMTokenizer> sentencepiece_tokenizer(const std::string& model_path);
 // GPT-2's vocabulary files in dir (tools/get-gpt2-tokenizer.sh); <|endoftext|> separates.
 std::unique_ptr<LMTokenizer> gpt2_tokenizer(const std::string& dir);
+
+// The tokenizer of a Hugging Face model directory: tokenizer.model (SentencePiece, as Llama 2 and
+// TinyLlama; the model's own bos and eos), or else tokenizer.json (byte-level BPE, as Llama 3 and
+// SmolLM; bos and eos from tokenizer_config.json, else <|endoftext|>). Its separator is eos.
+// Neither file, or one it cannot read, throws a tapestry::Error naming the file.
+std::unique_ptr<LMTokenizer> hf_tokenizer(const std::string& dir);
 
 // Where gpt2 looks for its files by default: $TAPESTRY_GPT2_DIR, else ~/.cache/tapestry/gpt2
 // (where tools/get-gpt2-tokenizer.sh puts them).

@@ -108,6 +108,20 @@ std::string Subword::decode(const std::vector<int64_t>& ids) const {
   return text;
 }
 
+std::string Subword::decode_any(const std::vector<int64_t>& ids) const {
+  std::vector<int> all;
+  for (int64_t id : ids) {
+    TP_CHECK(id >= 0 && id < vocab_size(), "subword: id {} is outside the vocabulary of {}", id, vocab_size());
+    all.push_back(static_cast<int>(id));
+  }
+  std::string text;
+  sp_->Decode(all, &text);
+  return text;
+}
+
+int64_t Subword::bos_id() const { return sp_->bos_id(); }
+int64_t Subword::eos_id() const { return sp_->eos_id(); }
+
 std::vector<std::string> Subword::pieces(const std::string& text) const {
   std::vector<std::string> p;
   sp_->Encode(text, &p);

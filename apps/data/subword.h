@@ -30,6 +30,11 @@ class Subword {
   ~Subword();
   std::vector<int64_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int64_t>& ids) const;  // drops the special ids
+  // Every id as the model itself decodes it (control ids such as bos and eos give nothing): for
+  // models made elsewhere (a Llama's tokenizer.model), whose ids are not laid out as train() lays them.
+  std::string decode_any(const std::vector<int64_t>& ids) const;
+  int64_t bos_id() const;  // the model's own (-1: none)
+  int64_t eos_id() const;
   std::vector<std::string> pieces(const std::string& text) const;
   std::string piece(int64_t id) const;  // the piece an id stands for ("<s>", "</s>" for bos, eos)
   int64_t vocab_size() const;

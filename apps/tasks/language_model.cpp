@@ -457,4 +457,15 @@ LanguageModel load_language_model(const std::string& dir) {
   return lm;
 }
 
+LanguageModel load_hf_language_model(const std::string& dir) {
+  const LlamaConfig c = read_llama_hf_config(dir + "/config.json");
+  LanguageModel lm;
+  lm.tokenizer = hf_tokenizer(dir);
+  TP_CHECK(lm.tokenizer->vocab_size() == c.vocab,
+           "{}: the tokenizer ({}) has {} tokens but config.json's vocab_size is {}: they must belong to one model",
+           dir, lm.tokenizer->name(), lm.tokenizer->vocab_size(), c.vocab);
+  lm.model = load_llama_hf(dir);
+  return lm;
+}
+
 }  // namespace tapestry::apps

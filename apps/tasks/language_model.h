@@ -73,6 +73,10 @@ struct LanguageModel {
   std::shared_ptr<models::CausalLM> model;
 };
 LanguageModel load_language_model(const std::string& checkpoint_dir);
+// A Llama-family model in a Hugging Face directory (models::load_llama_hf) with its tokenizer
+// (hf_tokenizer); a tokenizer whose vocabulary differs from config.json's vocab_size is refused
+// before the weights are read.
+LanguageModel load_hf_language_model(const std::string& dir);
 
 // Mean loss (nats per predicted token) over a stream, in windows of block + 1 tokens that step
 // by block: every token after the first is predicted once.

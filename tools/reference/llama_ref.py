@@ -5,7 +5,7 @@ repeat_kv, SwiGLU, no biases), as the reference for tapestry's models::Llama and
 It does not need the transformers package.
 
     /usr/bin/python3 tools/reference/llama_ref.py write-hf DIR [--dtype F32|BF16|F16] [--shards N]
-                                                               [--tie] [--seed N]
+                                                               [--tie] [--seed N] [--vocab N]
     /usr/bin/python3 tools/reference/llama_ref.py check DIR DUMP.safetensors
 
 write-hf: a tiny random Llama with grouped-query attention (4 query heads, 2 key/value heads) as a
@@ -165,7 +165,7 @@ class LlamaForCausalLM(nn.Module):
 
 def write_hf(args):
     torch.manual_seed(args.seed)
-    c = dict(CONFIG, tie_word_embeddings=args.tie, torch_dtype=TORCH_DTYPE_NAMES[args.dtype])
+    c = dict(CONFIG, tie_word_embeddings=args.tie, torch_dtype=TORCH_DTYPE_NAMES[args.dtype], vocab_size=args.vocab)
     model = LlamaForCausalLM(c)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -305,6 +305,7 @@ def main():
     w.add_argument("--shards", type=int, default=1)
     w.add_argument("--tie", action="store_true")
     w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--vocab", type=int, default=CONFIG["vocab_size"])
     c = sub.add_parser("check")
     c.add_argument("dir")
     c.add_argument("dump")

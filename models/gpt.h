@@ -73,7 +73,6 @@ class GPT : public CausalLM {
   std::shared_ptr<nn::Linear> head;  // no bias; weight tied to wte
 
  private:
-  void check_ids(const Tensor& ids, const GPTCache* cache) const;
   // 0 .. block_size - 1 as int64 on the model's device, made once (and again after a move): a range
   // made on the host every forward would be a copy up, a synchronisation on a GPU.
   const Tensor& position_range(Device device);

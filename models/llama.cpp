@@ -78,13 +78,7 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& cos, const Tensor&
   Tensor q = rotary_embedding(q_proj->forward(x).view({B, T, heads, head_dim}).transpose(1, 2), cos, sin);
   Tensor k = rotary_embedding(k_proj->forward(x).view({B, T, kv_heads, head_dim}).transpose(1, 2), cos, sin);
   Tensor v = v_proj->forward(x).view({B, T, kv_heads, head_dim}).transpose(1, 2);
-  if (cache) {
-    if (cache->k.defined()) {
-      k = cat({cache->k, k}, 2);
-      v = cat({cache->v, v}, 2);
-    }
-    cache->k = k, cache->v = v;
-  }
+  if (cache) cache->append(k, v);
   const int64_t Tk = k.size(2);
   // Grouped-query attention without copying keys and values r times: the query heads are split
   // [G, r] and each key/value head is expanded (stride 0) over its r query heads; the fused
@@ -133,21 +127,7 @@ Llama::Llama(const LlamaConfig& c) : config(c) {
   // Hugging Face's _init_weights for Llama: N(0, initializer_range = 0.02) for every Linear and
   // the embedding; the RMSNorm weights stay 1.
   NoGradGuard no_grad;
-  for (auto& [name, p] : named_parameters())
-    if (p.dim() >= 2) p.normal_(0.0, 0.02);
-}
-
-void Llama::check_ids(const Tensor& ids, const LlamaCache* cache) const {
-  TP_CHECK(ids.dtype() == DType::Int64 && ids.dim() == 2 && ids.size(1) > 0,
-           "Llama: expected token ids int64 [B, T] with T > 0, got {} {}", ids.dtype(), ids.sizes());
-  const int64_t past = cache ? cache->length() : 0;
-  TP_CHECK(past + ids.size(1) <= config.max_positions,
-           "Llama: {} positions{} exceed the context of {} (max_positions); crop the input or raise max_positions",
-           past + ids.size(1), past ? fmt::format(" ({} cached)", past) : std::string(), config.max_positions);
-  if (ids.numel() == 0 || !ids.device().is_cpu()) return;  // on a GPU the embedding's kernel checks the range
-  const int64_t lo = min(ids).item<int64_t>(), hi = max(ids).item<int64_t>();
-  TP_CHECK(lo >= 0 && hi < config.vocab, "Llama: token ids must be in [0, {}), got values in [{}, {}]", config.vocab,
-           lo, hi);
+  for (Tensor& p : decay_parameters()) p.normal_(0.0, 0.02);  // the matrices
 }
 
 void Llama::ensure_tables(Device device, DType dtype) {
@@ -161,9 +141,9 @@ Tensor Llama::forward(const Tensor& ids_in, LlamaCache* cache, const Tensor& pos
   const Device device = embed_tokens->weight.device();
   const Tensor ids = ids_in.to(device);
   const Tensor masked_out = masked_out_in.defined() ? masked_out_in.to(device) : masked_out_in;
-  check_ids(ids, cache);
-  ensure_tables(device, embed_tokens->weight.dtype());
   const int64_t T = ids.size(1), past = cache ? cache->length() : 0;
+  check_ids(ids, past, "Llama", "max_positions", "crop the input or raise max_positions");
+  ensure_tables(device, embed_tokens->weight.dtype());
   Tensor cos, sin;
   if (positions_in.defined()) {
     const Tensor positions = positions_in.to(device);
@@ -178,11 +158,7 @@ Tensor Llama::forward(const Tensor& ids_in, LlamaCache* cache, const Tensor& pos
   // As the GPT: the kernel's causal flag without cached keys; after cached ones the mask is
   // offset by the cache length and spelled out (one new query needs none).
   const bool causal = past == 0 && T > 1;
-  Tensor mask = masked_out;
-  if (past > 0 && T > 1) {
-    Tensor future = gt(range_.slice(0, 0, past + T).unsqueeze(0), range_.slice(0, past, past + T).unsqueeze(1));
-    mask = mask.defined() ? logical_or(mask, future) : future;
-  }
+  const Tensor mask = mask_after_cache(range_, masked_out, past, T);
   if (cache && cache->layers.empty()) cache->layers.resize(layers->size());
   Tensor x = embed_tokens->forward(ids);
   for (size_t i = 0; i < layers->size(); ++i)
@@ -266,10 +242,13 @@ LlamaConfig read_llama_hf_config(const std::string& path) {
 }
 
 std::shared_ptr<Llama> load_llama_hf(const std::string& dir) {
+  TP_CHECK(std::filesystem::is_directory(dir), "load_llama_hf: {} is not a directory (expected a Hugging Face "
+           "checkpoint folder with config.json and model*.safetensors)", dir);
+  return load_llama_hf(dir, read_llama_hf_config(dir + "/config.json"));
+}
+
+std::shared_ptr<Llama> load_llama_hf(const std::string& dir, const LlamaConfig& c) {
   namespace fs = std::filesystem;
-  TP_CHECK(fs::is_directory(dir), "load_llama_hf: {} is not a directory (expected a Hugging Face checkpoint folder "
-           "with config.json and model*.safetensors)", dir);
-  const LlamaConfig c = read_llama_hf_config(dir + "/config.json");
 
   // The weight files: one model.safetensors, or the shards the index names (each read once).
   const std::string index_path = dir + "/model.safetensors.index.json";
@@ -294,40 +273,47 @@ std::shared_ptr<Llama> load_llama_hf(const std::string& dir) {
              "model.safetensors.index.json", dir);
     files.push_back("model.safetensors");
   }
-  std::map<std::string, std::pair<Tensor, std::string>> stored;  // key -> (tensor, its file)
+  // Shard by shard, each copied into the model and released before the next is read: the peak is
+  // the model and one shard, not the model and every shard.
+  auto model = std::make_shared<Llama>(c);
+  const nn::NamedTensors params = model->named_parameters();
+  auto hf_key = [](const std::string& name) { return name == "lm_head.weight" ? name : "model." + name; };
+  std::map<std::string, std::string> loaded_from;  // key -> its file
+  NoGradGuard no_grad;
   for (const std::string& f : files) {
     const std::string path = dir + "/" + f;
-    for (auto& [key, t] : nn::load_safetensors(path).tensors) {
-      TP_CHECK(!stored.count(key), "load_llama_hf: '{}' is in both {} and {}", key, stored.at(key).second, path);
-      stored.emplace(key, std::make_pair(t, path));
+    std::map<std::string, Tensor> shard = nn::load_safetensors(path).as_map();
+    for (const auto& [key, t] : shard) {
+      auto seen = loaded_from.find(key);
+      TP_CHECK(seen == loaded_from.end(), "load_llama_hf: '{}' is in both {} and {}", key,
+               seen == loaded_from.end() ? "" : seen->second, path);
+    }
+    for (const auto& [name, p] : params) {  // in the model's order, so the first misfit is named
+      auto it = shard.find(hf_key(name));
+      if (it == shard.end()) continue;
+      const Tensor& t = it->second;
+      TP_CHECK(t.sizes() == p.sizes(), "load_llama_hf: {}: tensor '{}' is {}, but config.json's sizes make it {}",
+               path, it->first, t.sizes(), p.sizes());
+      TP_CHECK(is_floating(t.dtype()), "load_llama_hf: {}: tensor '{}' is {}, expected a floating dtype", path,
+               it->first, t.dtype());
+      Tensor(p).copy_(t);
+      loaded_from.emplace(it->first, path);
+      shard.erase(it);
+    }
+    for (const auto& [key, t] : shard) {
+      // Older checkpoints keep the rotary frequencies as a buffer, and some tied ones store the head too.
+      const std::string inv_freq = "rotary_emb.inv_freq";
+      const bool known = key.size() > inv_freq.size() &&
+                         key.compare(key.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
+      TP_CHECK(known || (c.tie_embeddings && key == "lm_head.weight"),
+               "load_llama_hf: {}: unexpected tensor '{}' (config.json: {} layers{})", path, key, c.layers,
+               c.tie_embeddings ? ", tied head" : "");
+      loaded_from.emplace(key, path);
     }
   }
-
-  auto model = std::make_shared<Llama>(c);
-  NoGradGuard no_grad;
-  std::set<std::string> used;
-  for (auto& [name, p] : model->named_parameters()) {
-    const std::string key = name == "lm_head.weight" ? name : "model." + name;
-    auto it = stored.find(key);
-    TP_CHECK(it != stored.end(), "load_llama_hf: {}: tensor '{}' is missing from {}", dir, key,
+  for (const auto& [name, p] : params)
+    TP_CHECK(loaded_from.count(hf_key(name)), "load_llama_hf: {}: tensor '{}' is missing from {}", dir, hf_key(name),
              fmt::join(files, ", "));
-    const auto& [t, path] = it->second;
-    TP_CHECK(t.sizes() == p.sizes(), "load_llama_hf: {}: tensor '{}' is {}, but config.json's sizes make it {}", path,
-             key, t.sizes(), p.sizes());
-    TP_CHECK(is_floating(t.dtype()), "load_llama_hf: {}: tensor '{}' is {}, expected a floating dtype", path, key,
-             t.dtype());
-    p.copy_(t);
-    used.insert(key);
-  }
-  for (const auto& [key, entry] : stored) {
-    if (used.count(key)) continue;
-    // Older checkpoints keep the rotary frequencies as a buffer, and some tied ones store the head too.
-    const std::string inv_freq = "rotary_emb.inv_freq";
-    const bool known = key.size() > inv_freq.size() && key.compare(key.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
-    if (known || (c.tie_embeddings && key == "lm_head.weight")) continue;
-    throw Error(fmt::format("load_llama_hf: {}: unexpected tensor '{}' (config.json: {} layers{})", entry.second, key,
-                            c.layers, c.tie_embeddings ? ", tied head" : ""));
-  }
   model->eval();
   return model;
 }

@@ -94,7 +94,6 @@ class Llama : public CausalLM {
   std::shared_ptr<nn::Linear> lm_head;  // weight tied to embed_tokens when config.tie_embeddings
 
  private:
-  void check_ids(const Tensor& ids, const LlamaCache* cache) const;
   // The rotary tables [max_positions, K/2] and 0 .. max_positions-1, on the model's device and
   // in its dtype, made once (and again after a move or a cast).
   void ensure_tables(Device device, DType dtype);
@@ -112,6 +111,8 @@ class Llama : public CausalLM {
 // (rope_scaling, attention or MLP biases, another activation) throw one tapestry::Error naming the
 // file and the field or tensor.
 std::shared_ptr<Llama> load_llama_hf(const std::string& dir);
+// The same with config.json already read (read_llama_hf_config).
+std::shared_ptr<Llama> load_llama_hf(const std::string& dir, const LlamaConfig& config);
 
 // The config a Hugging Face config.json describes (as load_llama_hf reads it).
 LlamaConfig read_llama_hf_config(const std::string& config_json_path);

@@ -62,6 +62,14 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_model_, int64_t heads_, double 
   dropout = register_module("dropout", std::make_shared<Dropout>(p));
 }
 
+void KVCache::append(Tensor& k_new, Tensor& v_new) {
+  if (k.defined()) {
+    k_new = cat({k, k_new}, 2);
+    v_new = cat({v, v_new}, 2);
+  }
+  k = k_new, v = v_new;
+}
+
 Tensor causal_mask(int64_t tq, int64_t tk, Device device) {
   // Made on the device, a fill and a triangle: ranges made on the host would be copied up every
   // forward, a synchronisation each on a GPU.
@@ -102,14 +110,7 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const
   } else {
     k = split_heads(w_k->forward(key));
     v = split_heads(w_v->forward(value));
-    if (cache && !static_kv && cache->k.defined()) {
-      k = cat({cache->k, k}, 2);
-      v = cat({cache->v, v}, 2);
-    }
-    if (cache) {
-      cache->k = k;
-      cache->v = v;
-    }
+    if (cache) cache->append(k, v);
   }
   if (mask.defined()) check_mask(mask, q.size(0), q.size(2), k.size(2));
   TP_CHECK(!is_causal || q.size(2) == k.size(2) || q.size(2) == 1,

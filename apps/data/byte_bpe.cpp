@@ -60,6 +60,24 @@ Cls classify(int32_t cp) {
 // (the ' ' is taken only when such a character follows it); else whitespace, of which a run
 // followed by more text gives back its last character to prefix what follows (\s+(?!\S)), unless
 // it is a single character (then \s+ takes it).
+// The end of a contraction ('s 't 're 've 'm 'll 'd) at byte i, 0 where there is none; with
+// fold_case its letters may be upper case too.
+size_t contraction_end(const std::string& s, size_t i, bool fold_case) {
+  const size_t n = s.size();
+  auto letter = [&](size_t k) {
+    const char c = s[k];
+    return static_cast<char>(fold_case && c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  };
+  if (s[i] != '\'' || i + 1 >= n) return 0;
+  const char c1 = letter(i + 1);
+  if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return i + 2;
+  if (i + 2 < n) {
+    const char c2 = letter(i + 2);
+    if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return i + 3;
+  }
+  return 0;
+}
+
 size_t gpt2_pretoken_end(const std::string& s, size_t i) {
   const size_t n = s.size();
   auto run = [&](size_t k, Cls cls) {
@@ -72,14 +90,7 @@ size_t gpt2_pretoken_end(const std::string& s, size_t i) {
   };
   // ASCII bytes never occur inside a multibyte sequence, so they can be tested as bytes.
   const char c = s[i];
-  if (c == '\'' && i + 1 < n) {
-    const char c1 = s[i + 1];
-    if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return i + 2;
-    if (i + 2 < n) {
-      const char c2 = s[i + 2];
-      if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return i + 3;
-    }
-  }
+  if (const size_t end = contraction_end(s, i, false)) return end;
   if (c == ' ' && i + 1 < n) {
     const Cls next = classify(utf8_char_at(s, i + 1).cp);
     if (next != Cls::kSpace) return run(i + 1, next);
@@ -112,16 +123,8 @@ size_t llama3_pretoken_end(const std::string& s, size_t i) {
     return k;
   };
   const size_t all = static_cast<size_t>(-1);
-  auto lower = [](char c) { return static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c); };
   const char c = s[i];
-  if (c == '\'' && i + 1 < n) {
-    const char c1 = lower(s[i + 1]);
-    if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return i + 2;
-    if (i + 2 < n) {
-      const char c2 = lower(s[i + 2]);
-      if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return i + 3;
-    }
-  }
+  if (const size_t end = contraction_end(s, i, true)) return end;
   const Utf8Char first = utf8_char_at(s, i);
   const Cls cls = classify(first.cp);
   if (cls == Cls::kLetter) return run(i, Cls::kLetter, all);
@@ -224,15 +227,27 @@ struct ByteLevelBPE::Impl {
   mutable std::mutex mu;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
 
+  // byte_id and eot from id_of; `where` names the file for the error.
+  void index_bytes(const std::string& where) {
+    for (int b = 0; b < 256; ++b) {
+      auto it = id_of.find(std::string(1, static_cast<char>(b)));
+      TP_CHECK(it != id_of.end(), "{}: no token for byte {} (byte-level BPE needs all 256)", where, b);
+      byte_id[static_cast<size_t>(b)] = it->second;
+    }
+    auto eot_it = id_of.find("<|endoftext|>");
+    eot = eot_it == id_of.end() ? -1 : eot_it->second;
+  }
+
   void bpe(const char* p, size_t n, std::vector<int32_t>& out) const;
   void append(const char* p, size_t n, std::vector<int64_t>& out) const;
 };
 
 // Byte-level BPE of one pre-token. The reference merges, round after round, every occurrence
 // (left to right) of the pair of lowest rank; a heap of adjacent pairs ordered by (rank, position)
-// over a linked list of symbols does the same in O(n log n) instead of O(n^2), because load()
+// over a linked list of symbols does the same in O(n log n) instead of O(n^2), because load_gpt2()
 // checked that a merge's result only ever takes part in merges of higher rank, so no merge can
-// create a pair that outranks the one being applied.
+// create a pair that outranks the one being applied. For tokenizer.json the heap is itself the
+// reference: Hugging Face's BPE merges by (rank, position) from a priority queue the same way.
 void ByteLevelBPE::Impl::bpe(const char* p, size_t n, std::vector<int32_t>& out) const {
   std::vector<int32_t> id(n);
   std::vector<size_t> next(n), prev(n);
@@ -277,8 +292,9 @@ void ByteLevelBPE::Impl::append(const char* p, size_t n, std::vector<int64_t>& o
     out.push_back(byte_id[static_cast<unsigned char>(p[0])]);
     return;
   }
+  std::string key(p, n);
   if (ignore_merges) {
-    auto whole = id_of.find(std::string(p, n));
+    auto whole = id_of.find(key);
     if (whole != id_of.end()) {
       out.push_back(whole->second);
       return;
@@ -288,7 +304,6 @@ void ByteLevelBPE::Impl::append(const char* p, size_t n, std::vector<int64_t>& o
   if (n > kMaxCachedBytes) {
     bpe(p, n, ids);
   } else {
-    std::string key(p, n);
     {
       std::lock_guard<std::mutex> lock(mu);
       auto it = cache.find(key);
@@ -337,14 +352,8 @@ ByteLevelBPE ByteLevelBPE::load_gpt2(const std::string& dir) {
     impl->bytes_of[static_cast<size_t>(id)] = bytes;
     id_of.emplace(std::move(bytes), static_cast<int32_t>(id));
   }
-  for (int b = 0; b < 256; ++b) {
-    auto it = id_of.find(std::string(1, static_cast<char>(b)));
-    TP_CHECK(it != id_of.end(), "{}: no token for byte {} (byte-level BPE needs all 256)", enc_path, b);
-    impl->byte_id[static_cast<size_t>(b)] = it->second;
-  }
-  auto eot_it = id_of.find("<|endoftext|>");
-  TP_CHECK(eot_it != id_of.end(), "{}: no \"<|endoftext|>\" token", enc_path);
-  impl->eot = eot_it->second;
+  impl->index_bytes(enc_path);
+  TP_CHECK(impl->eot >= 0, "{}: no \"<|endoftext|>\" token", enc_path);
 
   // vocab.bpe: a "#version" line, then one merge "left right" a line, best first.
   const std::string bpe_text = read_file(bpe_path);
@@ -470,13 +479,7 @@ ByteLevelBPE ByteLevelBPE::load_tokenizer_json(const std::string& path) {
     impl->bytes_of.push_back(bytes);
     impl->id_of.emplace(bytes, static_cast<int32_t>(id));
   }
-  for (int b = 0; b < 256; ++b) {
-    auto it = impl->id_of.find(std::string(1, static_cast<char>(b)));
-    TP_CHECK(it != impl->id_of.end(), "{}: no token for byte {} (byte-level BPE needs all 256)", path, b);
-    impl->byte_id[static_cast<size_t>(b)] = it->second;
-  }
-  auto eot = impl->id_of.find("<|endoftext|>");
-  impl->eot = eot == impl->id_of.end() ? -1 : eot->second;
+  impl->index_bytes(path);
 
   // The merges, best first: "left right" strings, or [left, right] pairs (tokenizers >= 0.20).
   TP_CHECK(model.contains("merges") && model.at("merges").is_array(), "{}: no model.merges array", path);

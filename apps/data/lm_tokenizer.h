@@ -21,7 +21,7 @@ class LMTokenizer {
   // What starts a prompt and what ends a generation: the separator, except for a Hugging Face
   // model's tokenizer (its bos and eos tokens).
   virtual int64_t bos() const { return separator(); }
-  virtual int64_t eos() const { return separator(); }
+  int64_t eos() const { return separator(); }
   virtual std::string name() const = 0;  // "byte", "sentencepiece", "gpt2", "hf-bpe" or "hf-sentencepiece"
 };
 

@@ -100,12 +100,10 @@ std::vector<int64_t> Subword::encode(const std::string& text) const {
 }
 
 std::string Subword::decode(const std::vector<int64_t>& ids) const {
-  std::vector<int> keep;
+  std::vector<int64_t> keep;
   for (int64_t id : ids)
-    if (id > kEos && id < vocab_size()) keep.push_back(static_cast<int>(id));
-  std::string text;
-  sp_->Decode(keep, &text);
-  return text;
+    if (id > kEos && id < vocab_size()) keep.push_back(id);
+  return decode_any(keep);
 }
 
 std::string Subword::decode_any(const std::vector<int64_t>& ids) const {

@@ -288,6 +288,7 @@ std::map<std::string, std::string> llama_metadata(const LlamaConfig& cfg, const 
 // The --model at --config for a vocabulary, with the checkpoint metadata that rebuilds it and a
 // line describing it.
 struct LMModel {
+  std::string name;  // "GPT" or "Llama", for the log
   std::shared_ptr<CausalLM> model;
   std::map<std::string, std::string> metadata;
   std::string shape;
@@ -299,6 +300,7 @@ LMModel make_lm_model(const LMOptions& o, const LMTokenizer& tok) {
     LlamaConfig cfg = LlamaConfig::named(o.config, tok.vocab_size());
     cfg.max_positions = o.block;
     cfg.dropout = o.dropout;
+    m.name = "Llama";
     m.model = std::make_shared<Llama>(cfg);
     m.metadata = llama_metadata(cfg, tok);
     m.shape = fmt::format("{} layers, {} heads ({} key/value), d_model {}", cfg.layers, cfg.heads, cfg.kv_heads,
@@ -307,6 +309,7 @@ LMModel make_lm_model(const LMOptions& o, const LMTokenizer& tok) {
     GPTConfig cfg = GPTConfig::named(o.config, tok.vocab_size());
     cfg.block_size = o.block;
     cfg.dropout = o.dropout;
+    m.name = "GPT";
     m.model = std::make_shared<GPT>(cfg);
     m.metadata = gpt_metadata(cfg, tok);
     m.shape = fmt::format("{} layers, {} heads, d_model {}", cfg.layers, cfg.heads, cfg.d_model);
@@ -353,8 +356,7 @@ LMResult train_language_model(const LMOptions& options) {
   // The config's name, which depends on the model, is checked before the data are read.
   const std::vector<std::string> configs = o.model == "llama" ? LlamaConfig::names() : GPTConfig::names();
   TP_CHECK(std::find(configs.begin(), configs.end(), o.config) != configs.end(),
-           "train: --config: must be {} or {} for --model {}, got '{}'",
-           fmt::join(configs.begin(), configs.end() - 1, ", "), configs.back(), o.model, o.config);
+           "train: --config: must be {} for --model {}, got '{}'", names_text(configs), o.model, o.config);
   TrainerOptions to = o.trainer;
 
   // Data.
@@ -387,7 +389,7 @@ LMResult train_language_model(const LMOptions& options) {
               "batch %lld, %lld epochs of %lld steps, AdamW lr %.2e -> %.2e (cosine, warmup %lld), weight decay %.2f\n",
               text.train_path.c_str(), text.train.size(), train.ids.size(), (long long)train.bytes,
               text.val_path.c_str(), val.ids.size(), tok->name().c_str(), (long long)tok->vocab_size(),
-              o.model == "llama" ? "Llama" : "GPT", o.config.c_str(), made.shape.c_str(), (long long)model.num_parameters(), (long long)o.block, (long long)o.batch, (long long)to.epochs,
+              made.name.c_str(), o.config.c_str(), made.shape.c_str(), (long long)model.num_parameters(), (long long)o.block, (long long)o.batch, (long long)to.epochs,
               (long long)steps_per_epoch, o.lr, o.min_lr, (long long)std::min(o.warmup, total_steps), o.weight_decay);
   std::fflush(stdout);
 
@@ -398,7 +400,7 @@ LMResult train_language_model(const LMOptions& options) {
                     {"data", text.train_path}});
   to.run_files = {{"config.toml", config_toml}};
   to.model_metadata = made.metadata;
-  to.curves_title = fmt::format("{} {} on {} ({} tokens)", o.model == "llama" ? "Llama" : "GPT", o.config,
+  to.curves_title = fmt::format("{} {} on {} ({} tokens)", made.name, o.config,
                                 text.train_path, tok->name());
 
   // Metric; fit.
@@ -464,7 +466,7 @@ LanguageModel load_hf_language_model(const std::string& dir) {
   TP_CHECK(lm.tokenizer->vocab_size() == c.vocab,
            "{}: the tokenizer ({}) has {} tokens but config.json's vocab_size is {}: they must belong to one model",
            dir, lm.tokenizer->name(), lm.tokenizer->vocab_size(), c.vocab);
-  lm.model = load_llama_hf(dir);
+  lm.model = load_llama_hf(dir, c);
   return lm;
 }
 

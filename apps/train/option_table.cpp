@@ -22,12 +22,6 @@ std::string number_text(double v) {
   return s.find_first_of(".en") == std::string::npos ? s + ".0" : s;  // a TOML float has a point or exponent
 }
 
-std::string names_text(const std::vector<std::string>& names) {
-  std::string s;
-  for (size_t i = 0; i < names.size(); ++i) s += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
-  return s;
-}
-
 // What a numeric row takes, as its error says it: "a positive integer", "a number in [0, 1)".
 std::string range_text(const OptionRow& r, bool integer) {
   const bool lo = std::isfinite(r.min), hi = std::isfinite(r.max);
@@ -121,6 +115,12 @@ Parsed parse(const OptionRow& r, const std::string& value) {
 }
 
 }  // namespace
+
+std::string names_text(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) s += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return s;
+}
 
 OptionRow& OptionRow::recipe(std::string key) {
   if (key.empty()) {

@@ -94,4 +94,7 @@ class OptionTable {
 // cuda or cuda:N where this build has the CUDA backend and the machine that GPU.
 std::string device_problem(const std::string& device);
 
+// "a, b or c": the choices as an option's error lists them.
+std::string names_text(const std::vector<std::string>& names);
+
 }  // namespace tapestry::apps

@@ -15,28 +15,28 @@ std::string SavedModel::meta(const char* key) const {
   return it->second;
 }
 
-int64_t SavedModel::num(const char* key) const {
-  const std::string text = meta(key);
+namespace {
+
+// The whole of `text` as a number by `parse` (std::stoll or std::stod), else an Error naming the key.
+template <class Parse>
+auto parse_all(const std::string& path, const char* key, const std::string& text, Parse parse) {
   try {
     size_t used = 0;
-    const int64_t v = std::stoll(text, &used);
+    const auto v = parse(text, &used);
     if (used == text.size()) return v;
   } catch (const std::logic_error&) {
   }
-  TP_CHECK(false, "{}: metadata '{}' is not a number: '{}'", path, key, text);
-  return 0;
+  throw Error(fmt::format("{}: metadata '{}' is not a number: '{}'", path, key, text));
+}
+
+}  // namespace
+
+int64_t SavedModel::num(const char* key) const {
+  return parse_all(path, key, meta(key), [](const std::string& t, size_t* used) { return std::stoll(t, used); });
 }
 
 double SavedModel::real(const char* key) const {
-  const std::string text = meta(key);
-  try {
-    size_t used = 0;
-    const double v = std::stod(text, &used);
-    if (used == text.size()) return v;
-  } catch (const std::logic_error&) {
-  }
-  TP_CHECK(false, "{}: metadata '{}' is not a number: '{}'", path, key, text);
-  return 0;
+  return parse_all(path, key, meta(key), [](const std::string& t, size_t* used) { return std::stod(t, used); });
 }
 
 SavedModel read_saved_model(const std::string& dir, const std::vector<std::string>& tasks, const std::string& kind,

@@ -401,7 +401,7 @@ TEST_CASE("scaled_dot_product_attention: errors, and empty sizes") {
   CHECK(scaled_dot_product_attention(qb, kb, vb, pad0).sizes() == Shape{0, 3, 5, 2});
 }
 
-TEST_CASE("scaled_dot_product_attention's mask means where to attend, as PyTorch's; _masked_out the opposite") {
+TEST_CASE("scaled_dot_product_attention's mask means where to attend, as PyTorch's - _masked_out the opposite") {
   manual_seed(83);
   Tensor q = randn({2, 2, 4, 3}, kFloat64).requires_grad_(), k = randn({2, 2, 5, 3}, kFloat64).requires_grad_(),
          v = randn({2, 2, 5, 2}, kFloat64).requires_grad_();
@@ -439,7 +439,7 @@ TEST_CASE("scaled_dot_product_attention's mask means where to attend, as PyTorch
         std::string::npos);
 }
 
-TEST_CASE("MultiHeadAttention: is_causal equals the causal mask; the attention hook sees the weights") {
+TEST_CASE("MultiHeadAttention: is_causal equals the causal mask - the attention hook sees the weights") {
   CHECK(nn::causal_mask(3, 5).to_vector<bool>() == std::vector<bool>{false, true, true, true, true, false, false, true,
                                                                      true, true, false, false, false, true, true});
   CHECK(nn::causal_mask(3, 5).dtype() == kBool);

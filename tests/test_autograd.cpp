@@ -19,7 +19,7 @@ TEST_CASE("backward computes and accumulates gradients into leaves") {
   CHECK_FALSE(x.grad().defined());
 }
 
-TEST_CASE("post-accumulate-grad hooks: once per backward, with the finished gradient; removable") {
+TEST_CASE("post-accumulate-grad hooks: once per backward, with the finished gradient - removable") {
   Tensor x = tensor({1.0, 2.0}).requires_grad_();
   Tensor w = tensor({3.0}).requires_grad_();
   std::vector<std::vector<double>> seen;
@@ -118,7 +118,7 @@ TEST_CASE("NoGradGuard and detach stop recording") {
   check_values(x.grad(), {2, 2});
 }
 
-TEST_CASE("retain_graph allows a second backward; without it the error is clear") {
+TEST_CASE("retain_graph allows a second backward - without it the error is clear") {
   Tensor x = tensor({3.0}).requires_grad_();
   Tensor y = sum(exp(x));
   y.backward(Tensor(), true);
@@ -184,7 +184,7 @@ TEST_CASE("a deep graph does not overflow the stack") {
   CHECK(x.grad().item<double>() == doctest::Approx(std::pow(1.0001, 20000)));
 }
 
-TEST_CASE("a branch that needs no grad is skipped; multiple outputs of split both flow") {
+TEST_CASE("a branch that needs no grad is skipped - multiple outputs of split both flow") {
   Tensor x = tensor({1.0, 2.0, 3.0, 4.0}).requires_grad_();
   auto parts = split(x, 2);
   Tensor y = sum(parts[0] * 2.0) + sum(parts[1] * 3.0);

@@ -253,7 +253,7 @@ TEST_CASE("ByteLevelBPE from tokenizer.json: Llama 3's vocabulary and pattern gi
   CHECK(tok.decode(tok.encode("<|begin_of_text|>")) == "<|begin_of_text|>");
 }
 
-TEST_CASE("ByteLevelBPE from tokenizer.json: GPT-2's files as a tokenizer.json give GPT-2's ids; bad files name the field") {
+TEST_CASE("ByteLevelBPE from tokenizer.json: GPT-2's files as a tokenizer.json give GPT-2's ids - bad files name the field") {
   const auto& gpt = gpt2();
   // GPT-2's tokenizer.json as Hugging Face writes it: the vocabulary, the merges (here as pairs,
   // the newer spelling), <|endoftext|> an added token, a ByteLevel pre-tokenizer with the regex.

@@ -34,7 +34,7 @@ TEST_CASE("dist on one process: rank 0 of 1, and every collective is the identit
   CHECK(error_of([&] { dist::broadcast_(t, 3); }).find("root 3 is not a rank of 1") != std::string::npos);
 }
 
-TEST_CASE("dist::GradReducer: buckets in reverse parameter order, sizes capped; one rank scales in place") {
+TEST_CASE("dist::GradReducer: buckets in reverse parameter order, sizes capped - one rank scales in place") {
   Tensor a = zeros({1000}).requires_grad_(), b = zeros({10, 10}).requires_grad_(), c = zeros({300}).requires_grad_();
   // 4-byte floats: first bucket <= 1600 bytes (c's 1200 fits, b's 400 fits), the rest <= 4000 (a's).
   dist::GradReducer r({a, b, c}, 4000, 1600);

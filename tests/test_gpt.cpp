@@ -234,7 +234,7 @@ TEST_CASE("GPT: logits, causality, the loss, the tied head and the parameter gro
   CHECK(d.count(model.wte->weight.impl_ptr().get()) == 1);
 }
 
-TEST_CASE("GPT: AdamW steps on one batch lower the loss; the float64 model passes gradcheck") {
+TEST_CASE("GPT: AdamW steps on one batch lower the loss - the float64 model passes gradcheck") {
   manual_seed(4);
   GPT model(tiny_config());
   Generator g(5);

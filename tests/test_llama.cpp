@@ -68,7 +68,7 @@ TEST_CASE("rotary_tables: Hugging Face's float32 angles") {
   CHECK(error_of([] { models::rotary_tables(4, 7, 10000.0); }).find("an even head_dim") != std::string::npos);
 }
 
-TEST_CASE("Llama: causal; grouped-query attention equals multi-head with repeated key/value heads") {
+TEST_CASE("Llama: causal - grouped-query attention equals multi-head with repeated key/value heads") {
   manual_seed(2);
   Llama gqa(tiny_config(2));
   NoGradGuard no_grad;
@@ -126,7 +126,7 @@ TEST_CASE("Llama: the KV cache (key/value heads only) gives the full forward's l
   CHECK(max_diff(got, model.forward(tensor({5, 6, 7}, {1, 3}))) <= 1e-5);
 }
 
-TEST_CASE("Llama: AdamW lowers the loss on one batch; the float64 model passes gradcheck") {
+TEST_CASE("Llama: AdamW lowers the loss on one batch - the float64 model passes gradcheck") {
   manual_seed(6);
   Llama model(tiny_config());
   Generator g(7);

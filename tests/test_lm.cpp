@@ -86,7 +86,7 @@ apps::LMOptions tiny_lm(const std::string& data, const std::string& out_dir) {
 
 }  // namespace
 
-TEST_CASE("lm_tokenizer: bytes round trip; complete_utf8_prefix stops before a cut character") {
+TEST_CASE("lm_tokenizer: bytes round trip - complete_utf8_prefix stops before a cut character") {
   std::unique_ptr<apps::LMTokenizer> tok = apps::byte_tokenizer();
   CHECK(tok->name() == "byte");
   CHECK(tok->vocab_size() == 256);
@@ -171,7 +171,7 @@ TEST_CASE("stream_loss: every token after the first predicted once, in windows o
   CHECK(apps::stream_loss(model, std::vector<int32_t>{}, block, 3) == 0.0);
 }
 
-TEST_CASE("train_language_model --model llama: learns, saves, loads with its config, samples; resumed to the bit") {
+TEST_CASE("train_language_model --model llama: learns, saves, loads with its config, samples - resumed to the bit") {
   const std::string dir = fresh_temp_dir("lm_llama");
   const std::string data = write_corpus(dir);
   apps::LMOptions o = tiny_lm(data, dir + "/a");
@@ -213,7 +213,7 @@ TEST_CASE("train_language_model --model llama: learns, saves, loads with its con
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("train_language_model: metrics, the run folder, loading and sampling; resumed to the bit; time_limit") {
+TEST_CASE("train_language_model: metrics, the run folder, loading and sampling - resumed to the bit - time_limit") {
   const std::string dir = fresh_temp_dir("lm");
   const std::string data = write_corpus(dir);
   const std::vector<std::string> lines = corpus_lines();
@@ -375,7 +375,7 @@ TEST_CASE("train_language_model: errors name the option or the file") {
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("hf_tokenizer: a Llama 2-style tokenizer.model gives python3-sentencepiece's ids; tokenizer.json's bos and eos") {
+TEST_CASE("hf_tokenizer: a Llama 2-style tokenizer.model gives python3-sentencepiece's ids - tokenizer.json's bos and eos") {
   // tests/data/llama_spm/tokenizer.model and these ids: tools/reference/spm_ref.py (the reference
   // implementation, Debian's python3-sentencepiece 0.1.97).
   const std::string dir = std::string(TAPESTRY_SOURCE_DIR) + "/tests/data/llama_spm";

@@ -52,7 +52,7 @@ TEST_CASE("Module names parameters with dots, in registration order") {
         std::string::npos);
 }
 
-TEST_CASE("save and load round-trip through safetensors; mismatches are named") {
+TEST_CASE("save and load round-trip through safetensors - mismatches are named") {
   manual_seed(1);
   Block a, b;
   std::string path = temp_path("block.safetensors");

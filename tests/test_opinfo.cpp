@@ -48,7 +48,7 @@ double max_abs(const Tensor& t) {
 
 }  // namespace
 
-TEST_CASE("opinfo: every sample runs; tapestry throws exactly where PyTorch raises") {
+TEST_CASE("opinfo: every sample runs - tapestry throws exactly where PyTorch raises") {
   size_t n_samples = 0, n_errors = 0;
   for (const OpInfo& op : op_table()) {
     std::vector<Sample> samples = make_samples(op, 1);

@@ -49,7 +49,7 @@ TEST_CASE("unary ops match their definitions") {
   check_values(x.slice(0, 0, 5, 2).exp(), {std::exp(-2.0), 1, std::exp(2.0)});  // strided input
 }
 
-TEST_CASE("comparisons give bool masks; where and masked_fill select") {
+TEST_CASE("comparisons give bool masks - where and masked_fill select") {
   Tensor a = tensor({1.f, 2.f, 3.f});
   Tensor b = tensor({3.f, 2.f, 1.f});
   check_values(eq(a, b), {0, 1, 0});

@@ -96,7 +96,7 @@ TEST_CASE("option tables: config.toml and the recipe come from the rows") {
   CHECK(t.to_toml().find("out = \"\"\n") != std::string::npos);
 }
 
-TEST_CASE("the tasks' tables: one row per flag, each with help; the recipes resume compares") {
+TEST_CASE("the tasks' tables: one row per flag, each with help - the recipes resume compares") {
   apps::CopyTaskOptions copy;
   apps::TranslationOptions mt;
   apps::LMOptions lm;
@@ -115,8 +115,10 @@ TEST_CASE("the tasks' tables: one row per flag, each with help; the recipes resu
   CHECK(mt_recipe == std::map<std::string, std::string>{{"config", "small"}, {"pre_norm", "0"}, {"max_tokens", "2048"},
                                                         {"accumulate", "1"}, {"seed", "1"}, {"limit", "0"}});
   auto lm_recipe = apps::options_table(lm).recipe();
+  // ... and "model", which older LM checkpoints lack: the task's recipe_defaults reads them as "gpt".
   CHECK(lm_recipe == std::map<std::string, std::string>{{"config", "mini"}, {"block", "64"}, {"batch", "32"},
-                                                        {"epochs", "8"}, {"seed", "1"}, {"limit", "0"}});
+                                                        {"epochs", "8"}, {"seed", "1"}, {"limit", "0"},
+                                                        {"model", "gpt"}});
   // A Trainer option set through a task's table lands in the task's TrainerOptions.
   apps::OptionTable mt_table = apps::options_table(mt);
   mt_table.row("epochs").set("3");

@@ -381,7 +381,7 @@ TEST_CASE("multinomial: the same seed gives the same draws, whatever the thread 
   CHECK(one_r == two_r);
 }
 
-TEST_CASE("multinomial: frequencies follow the weights; zero weights are never drawn") {
+TEST_CASE("multinomial: frequencies follow the weights - zero weights are never drawn") {
   Generator g(123);
   const int64_t n = 20000;
   auto frequencies = [&](const Tensor& drawn, size_t categories) {

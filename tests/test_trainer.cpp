@@ -201,7 +201,7 @@ TEST_CASE("Trainer::fit: interrupted and resumed, the run ends where an uninterr
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("Trainer::fit: should_stop ends early; a non-finite loss stops, or is skipped with on_nan = skip") {
+TEST_CASE("Trainer::fit: should_stop ends early - a non-finite loss stops, or is skipped with on_nan = skip") {
   manual_seed(4);
   nn::Linear model(1, 1);
   ToyData data(model);

@@ -61,7 +61,7 @@ TEST_CASE("randperm: a permutation, the same for the same seed, and errors") {
   CHECK(error_of([] { randperm(3, kBool); }) == "randperm: a permutation cannot be bool");
 }
 
-TEST_CASE("Tensor::unfold is a view of windows; nn::unfold matches F.unfold's layout") {
+TEST_CASE("Tensor::unfold is a view of windows - nn::unfold matches F.unfold's layout") {
   Tensor x = arange(0.0, 10.0, 1.0, kFloat64);
   Tensor w = x.unfold(0, 4, 3);  // windows [0..3], [3..6], [6..9]
   CHECK(w.sizes() == Shape{3, 4});

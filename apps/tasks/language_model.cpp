@@ -398,6 +398,7 @@ LMResult train_language_model(const LMOptions& options) {
   to.recipe = table.recipe();
   to.recipe.insert({{"task", "lm"}, {"tokenizer", tok->name()}, {"vocab", std::to_string(tok->vocab_size())},
                     {"data", text.train_path}});
+  to.recipe_defaults = {{"model", "gpt"}};  // checkpoints from before the Llama hold GPTs
   to.run_files = {{"config.toml", config_toml}};
   to.model_metadata = made.metadata;
   to.curves_title = fmt::format("{} {} on {} ({} tokens)", made.name, o.config,

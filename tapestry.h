@@ -17,6 +17,7 @@
 #include "tapestry/models/vit.h"
 #include "tapestry/nn/init.h"
 #include "tapestry/nn/layers.h"
+#include "tapestry/nn/lora.h"
 #include "tapestry/nn/module.h"
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/ops/cuda.h"

@@ -37,14 +37,14 @@ Tensor CausalLM::mask_after_cache(const Tensor& range, const Tensor& masked_out,
 std::vector<Tensor> CausalLM::decay_parameters() const {
   std::vector<Tensor> out;
   for (auto& [name, p] : named_parameters())
-    if (p.dim() >= 2) out.push_back(p);
+    if (p.dim() >= 2 && p.requires_grad()) out.push_back(p);
   return out;
 }
 
 std::vector<Tensor> CausalLM::no_decay_parameters() const {
   std::vector<Tensor> out;
   for (auto& [name, p] : named_parameters())
-    if (p.dim() < 2) out.push_back(p);
+    if (p.dim() < 2 && p.requires_grad()) out.push_back(p);
   return out;
 }
 

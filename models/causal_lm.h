@@ -30,8 +30,9 @@ class CausalLM : public nn::Module {
   Tensor loss(const Tensor& ids, const Tensor& targets);
   virtual int64_t context_length() const = 0;  // the most positions one forward may see
   virtual int64_t vocab_size() const = 0;
-  // The parameters that get weight decay (matrices: dim >= 2, the embeddings included) and those
-  // that do not (biases and norm weights), as GPT-2, nanoGPT and Llama's recipes split them.
+  // The trainable parameters that get weight decay (matrices: dim >= 2, the embeddings included)
+  // and those that do not (biases and norm weights), as GPT-2, nanoGPT and Llama's recipes split
+  // them; frozen ones (a LoRA base) are in neither.
   std::vector<Tensor> decay_parameters() const;
   std::vector<Tensor> no_decay_parameters() const;
 

@@ -15,7 +15,10 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias) {
 Tensor Linear::forward(const Tensor& x) const {
   TP_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "Linear: input of shape {} does not end in in_features={}",
            x.sizes(), weight.size(1));
-  return linear(x, weight, bias);
+  Tensor y = linear(x, weight, bias);
+  if (!lora_A) return y;
+  const Tensor in = lora_dropout > 0 ? dropout(x, lora_dropout, is_training()) : x;
+  return add(y, mul(lora_B->forward(lora_A->forward(in)), lora_scale));
 }
 
 Embedding::Embedding(int64_t num, int64_t dim, int64_t padding_idx_) : padding_idx(padding_idx_) {

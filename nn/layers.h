@@ -20,6 +20,10 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& x) const;  // (..., in) -> (..., out)
   Tensor weight, bias;
+  // A LoRA adapter, when nn::add_lora attached one (nn/lora.h): forward adds
+  // lora_scale * lora_B(lora_A(dropout(x, lora_dropout))), lora_A [rank, in], lora_B [out, rank].
+  std::shared_ptr<Linear> lora_A, lora_B;
+  double lora_scale = 0, lora_dropout = 0;
 };
 
 // Lookup table [num, dim], init N(0, 1). The padding row starts at zero and the lookup sends it

@@ -159,6 +159,19 @@ int64_t Module::num_parameters() const {
   return n;
 }
 
+std::vector<Tensor> Module::trainable_parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_parameters())
+    if (t.requires_grad()) out.push_back(t);
+  return out;
+}
+
+int64_t Module::num_trainable_parameters() const {
+  int64_t n = 0;
+  for (const Tensor& t : trainable_parameters()) n += t.numel();
+  return n;
+}
+
 Module& Module::apply(const std::function<void(Module&)>& fn) {
   // A module registered under two names (a tied embedding) is visited once, as in PyTorch.
   std::set<const Module*> seen;

@@ -50,8 +50,12 @@ class Module {
   NamedTensors named_parameters(bool recurse = true) const;
   NamedTensors named_buffers(bool recurse = true) const;
   std::vector<Tensor> parameters(bool recurse = true) const;
+  // The parameters that require grad: what an optimizer gets when part of a model is frozen (a
+  // LoRA base, nn/lora.h), as PyTorch's filter(lambda p: p.requires_grad, model.parameters()).
+  std::vector<Tensor> trainable_parameters() const;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const { return children_; }
   int64_t num_parameters() const;  // a tied parameter once (named_parameters lists it once)
+  int64_t num_trainable_parameters() const;  // of trainable_parameters()
 
   // Converts every floating-point parameter and buffer to `dtype` in place: the tensors keep
   // their identity (ties, optimizer handles and members stay valid), their gradients are

@@ -319,6 +319,104 @@ TEST_CASE("train_language_model: metrics, the run folder, loading and sampling -
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("train_language_model --base --lora-rank: adapters saved alone, the base untouched, loaded, merged, resumed to the bit") {
+  const std::string dir = fresh_temp_dir("lm_lora");
+  const std::string data = write_corpus(dir);
+  apps::LMOptions base = tiny_lm(data, dir + "/base");
+  base.model = "llama", base.trainer.epochs = 1;
+  const apps::LMResult base_result = apps::train_language_model(base);
+  const std::string base_bytes = read_file(dir + "/base/model.safetensors");
+
+  apps::LMOptions o = tiny_lm(data, dir + "/ft");
+  o.base = dir + "/base";
+  o.lora_rank = 4;
+  o.lora_targets = "q, k,v,o,gate,up,down";
+  o.lr = 1e-2;
+  o.merge = true;
+  o.trainer.step_log = dir + "/ft.steps.tsv";
+  const apps::LMResult a = apps::train_language_model(o);
+  REQUIRE(a.steps > 0);
+  // rank x (in + out) for each of the seven layers of the two blocks (D 64, kv 32, d_ff 176).
+  CHECK(a.trainable_parameters == 2 * 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 3 * (64 + 176)));
+  CHECK(a.parameters == base_result.parameters + a.trainable_parameters);
+  CHECK(a.val_loss < base_result.val_loss);
+  // The run folder holds the adapters alone; the base's file is byte for byte what it was.
+  CHECK(read_file(dir + "/base/model.safetensors") == base_bytes);
+  CHECK_FALSE(std::filesystem::exists(dir + "/ft/model.safetensors"));
+  const nn::SafetensorsFile adapter = nn::load_safetensors(dir + "/ft/adapter.safetensors");
+  CHECK(adapter.tensors.size() == 28);
+  for (const auto& [name, t] : adapter.tensors) CHECK_MESSAGE(name.find(".lora_") != std::string::npos, name);
+  CHECK(adapter.metadata.at("base") == std::filesystem::absolute(dir + "/base").lexically_normal().string());
+  CHECK(adapter.metadata.at("lora_targets") == "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+  for (const auto& [name, t] : nn::load_safetensors(dir + "/ft/checkpoint.safetensors").tensors)
+    CHECK_MESSAGE((name.find(".lora_") != std::string::npos || name.rfind("optimizer.", 0) == 0), name);
+
+  // Loaded: the base with the adapters, as trained.
+  apps::LanguageModel lm = apps::load_language_model(dir + "/ft");
+  CHECK(apps::stream_loss(*lm.model, held_out_bytes(), 16, 8) == doctest::Approx(a.val_loss).epsilon(1e-9));
+  // Merged (--merge): a plain run folder of the base's shape whose outputs are the adapted model's.
+  apps::LanguageModel merged = apps::load_language_model(dir + "/ft/merged");
+  CHECK(merged.model->num_parameters() == base_result.parameters);
+  CHECK(apps::stream_loss(*merged.model, held_out_bytes(), 16, 8) == doctest::Approx(a.val_loss).epsilon(1e-5));
+  CHECK(apps::merge_lora_run(dir + "/ft", dir + "/merged2") == base_result.parameters);
+  CHECK(read_file(dir + "/merged2/model.safetensors").size() == read_file(dir + "/ft/merged/model.safetensors").size());
+
+  // Full fine-tuning of the same base: every weight trains, and the folder stands alone.
+  apps::LMOptions full = tiny_lm(data, dir + "/full");
+  full.base = dir + "/base", full.trainer.epochs = 1;
+  const apps::LMResult f = apps::train_language_model(full);
+  CHECK(f.trainable_parameters == base_result.parameters);
+  CHECK(f.parameters == base_result.parameters);
+  CHECK(dynamic_cast<models::Llama*>(apps::load_language_model(dir + "/full").model.get()));
+
+  // Interrupted and resumed: the same steps to the bit.
+  apps::LMOptions b = o;
+  b.trainer.out_dir = dir + "/ft2", b.trainer.step_log = dir + "/ft2.steps.tsv", b.merge = false;
+  b.trainer.stop_after = a.steps / 2;
+  CHECK(apps::train_language_model(b).stopped);
+  b.trainer.stop_after = 0, b.trainer.resume = true;
+  CHECK(apps::train_language_model(b).val_loss == a.val_loss);
+  CHECK(read_file(b.trainer.step_log) == read_file(o.trainer.step_log));
+  b.lora_rank = 8;
+  CHECK(error_of([&] { apps::train_language_model(b); }).find("lora_rank = 4, but this run has lora_rank = 8") !=
+        std::string::npos);
+
+  // Errors: one line each.
+  auto error_with = [&](auto change) {
+    apps::LMOptions e = tiny_lm(data, dir + "/bad");
+    change(e);
+    return error_of([&] { apps::train_language_model(e); });
+  };
+  CHECK(error_with([](apps::LMOptions& e) { e.lora_rank = 4; }).find("--lora-rank needs --base") != std::string::npos);
+  CHECK(error_with([&](apps::LMOptions& e) { e.base = dir + "/base", e.merge = true; })
+            .find("--merge needs --lora-rank") != std::string::npos);
+  CHECK(error_with([&](apps::LMOptions& e) { e.base = dir + "/base", e.lora_rank = 2, e.lora_targets = "q,x"; })
+            .find("train: --lora-targets: 'x' is not a layer: give some of q, k, v, o, gate, up or down") !=
+        std::string::npos);
+  CHECK(error_with([&](apps::LMOptions& e) { e.base = dir + "/nowhere", e.lora_rank = 2; })
+            .find("--base " + dir + "/nowhere: no such directory") != std::string::npos);
+  CHECK(error_with([&](apps::LMOptions& e) { e.base = dir + "/ft", e.lora_rank = 2; }).find("is a LoRA run") !=
+        std::string::npos);
+  // A GPT base: the same short names for its layers; it has no gate.
+  apps::LMOptions gpt = tiny_lm(data, dir + "/gpt");
+  gpt.trainer.epochs = 1;
+  apps::train_language_model(gpt);
+  CHECK(error_with([&](apps::LMOptions& e) { e.base = dir + "/gpt", e.lora_rank = 2, e.lora_targets = "q,gate"; })
+            .find("train: --lora-targets: the GPT has no 'gate' layer (its MLP is up and down)") != std::string::npos);
+  apps::LMOptions gpt_lora = tiny_lm(data, dir + "/gpt_lora");
+  gpt_lora.base = dir + "/gpt", gpt_lora.lora_rank = 2, gpt_lora.lora_targets = "q,up", gpt_lora.trainer.epochs = 1;
+  CHECK(apps::train_language_model(gpt_lora).trainable_parameters == 2 * 2 * ((64 + 64) + (64 + 256)));
+  CHECK(dynamic_cast<models::GPT*>(apps::load_language_model(dir + "/gpt_lora").model.get()));
+  // A base that changed after the adapters were trained is refused.
+  base.trainer.seed = 2, base.trainer.overwrite = true;
+  apps::train_language_model(base);
+  CHECK(error_of([&] { apps::load_language_model(dir + "/ft"); }).find("has changed since the adapters were trained") !=
+        std::string::npos);
+  std::filesystem::remove_all(dir + "/base");
+  CHECK(error_of([&] { apps::load_language_model(dir + "/ft"); }).find("is not there") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("train_language_model: errors name the option or the file") {
   const std::string dir = fresh_temp_dir("lm_errors");
   const std::string data = write_corpus(dir);

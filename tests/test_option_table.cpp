@@ -115,10 +115,12 @@ TEST_CASE("the tasks' tables: one row per flag, each with help - the recipes res
   CHECK(mt_recipe == std::map<std::string, std::string>{{"config", "small"}, {"pre_norm", "0"}, {"max_tokens", "2048"},
                                                         {"accumulate", "1"}, {"seed", "1"}, {"limit", "0"}});
   auto lm_recipe = apps::options_table(lm).recipe();
-  // ... and "model", which older LM checkpoints lack: the task's recipe_defaults reads them as "gpt".
+  // ... and "model", which older LM checkpoints lack: the task's recipe_defaults reads them as "gpt";
+  // and the fine-tuning keys, which older checkpoints lack too (an absent key passes).
   CHECK(lm_recipe == std::map<std::string, std::string>{{"config", "mini"}, {"block", "64"}, {"batch", "32"},
                                                         {"epochs", "8"}, {"seed", "1"}, {"limit", "0"},
-                                                        {"model", "gpt"}});
+                                                        {"model", "gpt"}, {"base", ""}, {"lora_rank", "0"},
+                                                        {"lora_alpha", "16"}, {"lora_targets", "q,v"}});
   // A Trainer option set through a task's table lands in the task's TrainerOptions.
   apps::OptionTable mt_table = apps::options_table(mt);
   mt_table.row("epochs").set("3");

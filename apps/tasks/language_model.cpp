@@ -9,7 +9,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <set>
+#include <sstream>
 
 #include "apps/data/parallel_corpus.h"
 #include "apps/data/subword.h"
@@ -19,6 +22,7 @@
 #include "apps/train/trainer.h"
 #include "tapestry/ops/file.h"
 #include "tapestry/dist/dist.h"
+#include "tapestry/nn/lora.h"
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/models/gpt.h"
 #include "tapestry/models/llama.h"
@@ -138,6 +142,48 @@ double stream_loss(CausalLM& model, const std::vector<int32_t>& stream, int64_t 
   return count ? total / static_cast<double>(count) : 0.0;
 }
 
+namespace {
+
+// --lora-targets' names, and the Linear layers they name in each model.
+const std::vector<std::string> kLoraTargets = {"q", "k", "v", "o", "gate", "up", "down"};
+const std::map<std::string, std::string> kLlamaLayers = {{"q", "q_proj"},       {"k", "k_proj"},   {"v", "v_proj"},
+                                                         {"o", "o_proj"},       {"gate", "gate_proj"},
+                                                         {"up", "up_proj"},     {"down", "down_proj"}};
+const std::map<std::string, std::string> kGptLayers = {{"q", "w_q"}, {"k", "w_k"}, {"v", "w_v"},
+                                                       {"o", "w_o"}, {"up", "fc"},  {"down", "proj"}};
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  for (std::string part; std::getline(in, part, ',');) {
+    const size_t a = part.find_first_not_of(' '), b = part.find_last_not_of(' ');
+    if (a != std::string::npos) parts.push_back(part.substr(a, b - a + 1));
+  }
+  return parts;
+}
+
+std::string lora_targets_problem(const std::string& value) {
+  const std::vector<std::string> parts = split_list(value);
+  if (parts.empty()) return "give some of " + names_text(kLoraTargets);
+  for (const std::string& part : parts)
+    if (std::find(kLoraTargets.begin(), kLoraTargets.end(), part) == kLoraTargets.end())
+      return fmt::format("'{}' is not a layer: give some of {}", part, names_text(kLoraTargets));
+  return "";
+}
+
+// The model's Linear layer names for --lora-targets.
+std::vector<std::string> lora_layer_names(const std::string& model, const std::string& targets) {
+  const auto& layers = model == "llama" ? kLlamaLayers : kGptLayers;
+  std::vector<std::string> names;
+  for (const std::string& part : split_list(targets)) {
+    TP_CHECK(layers.count(part), "train: --lora-targets: the GPT has no '{}' layer (its MLP is up and down)", part);
+    names.push_back(layers.at(part));
+  }
+  return names;
+}
+
+}  // namespace
+
 OptionTable options_table(LMOptions& o) {
   OptionTable trainer = trainer_options(o.trainer), t("lm");
   t.add("data", o.train_path, "the training text, UTF-8, plain or .gz (default: Multi30k's train.en)");
@@ -159,10 +205,20 @@ OptionTable options_table(LMOptions& o) {
   t.add("lr", o.lr, "peak learning rate (AdamW)").above(0);
   t.add("min-lr", o.min_lr, "learning rate at the end of the cosine decay").at_least(0);
   t.add("weight-decay", o.weight_decay, "AdamW weight decay on matrices (none on biases and LayerNorm)").at_least(0);
-  t.add("dropout", o.dropout, "dropout").at_least(0).below(1);
+  t.add("dropout", o.dropout, "dropout (with --lora-rank: on the adapters' inputs; a fully fine-tuned --base has none)")
+      .at_least(0).below(1);
   t.take(trainer, "clip-norm");
   t.take(trainer, "seed").recipe();
   t.add("limit", o.limit, "train on the first N lines only (0: all)").at_least(0).recipe();
+  t.add("base", o.base, "fine-tune this model instead of training one: a run folder of train --task lm, or a Hugging "
+        "Face Llama directory (its model and tokenizer replace --model, --config and --tokenizer)").recipe();
+  t.add("lora-rank", o.lora_rank, "with --base: freeze it and train LoRA adapters of this rank, saved alone in "
+        "adapter.safetensors (0: every weight trains)").at_least(0).recipe();
+  t.add("lora-alpha", o.lora_alpha, "the LoRA update is scaled by alpha / rank").above(0).recipe();
+  t.add("lora-targets", o.lora_targets, "the layers LoRA adapts, comma-separated: q, k, v, o (attention), gate, up, "
+        "down (MLP)").check(lora_targets_problem).recipe();
+  t.add("merge", o.merge, "after a LoRA run, write its base with the adapters merged in to OUT/merged (with "
+        "--resume, of a finished run too)").this_run_only();
   t.take(trainer, "save-every");
   t.add_process_rows(o.threads, o.device);
   t.take_all(trainer, kRunControlFlags);
@@ -322,7 +378,7 @@ LMResult lm_result(const FitResult& fit, const CausalLM& model, const Stream& tr
   LMResult r;
   r.steps = fit.steps, r.stopped = fit.stopped, r.interrupted = fit.interrupted;
   r.train_tokens = static_cast<int64_t>(train.ids.size()), r.val_tokens = static_cast<int64_t>(val.ids.size());
-  r.val_bytes = val.bytes, r.parameters = model.num_parameters();
+  r.val_bytes = val.bytes, r.parameters = model.num_parameters(), r.trainable_parameters = model.num_trainable_parameters();
   r.seconds = seconds;
   int64_t tokens = 0;
   double train_seconds = 0;
@@ -344,27 +400,167 @@ LMResult lm_result(const FitResult& fit, const CausalLM& model, const Stream& tr
   return r;
 }
 
+// ---- fine-tuning (--base) and LoRA
+
+bool is_hf_dir(const std::string& dir) { return file_exists(dir + "/config.json"); }
+
+// The model to fine-tune: a run folder of train --task lm, or a Hugging Face Llama directory.
+LanguageModel load_base(const std::string& dir) {
+  TP_CHECK(std::filesystem::is_directory(dir), "train: --base {}: no such directory", dir);
+  TP_CHECK(!file_exists(dir + "/adapter.safetensors") || file_exists(dir + "/model.safetensors"),
+           "train: --base {} is a LoRA run (adapters on a base of their own): fine-tune its merged model instead "
+           "(train --resume --merge writes it to {}/merged)", dir, dir);
+  LanguageModel lm = is_hf_dir(dir) ? load_hf_language_model(dir) : load_language_model(dir);
+  lm.model->train();
+  return lm;
+}
+
+void copy_file(const std::string& from, const std::string& to) {
+  std::ifstream in(from, std::ios::binary);
+  TP_CHECK(in.good(), "cannot read {}", from);
+  write_file_atomic(to, std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+}
+
+// The tokenizer's files of a base (a run folder or a Hugging Face directory) into `out`, so that
+// a folder made from it stands alone: spm.model or gpt2/ as a run folder holds them, and a Hugging
+// Face model's under hf/ (where load_language_model reads them) or, with hf_layout, at the top.
+void copy_tokenizer_files(const std::string& base, const LMTokenizer& tok, const std::string& out, bool hf_layout) {
+  const std::string kind = tok.name();
+  if (kind == "sentencepiece") {
+    copy_file(base + "/spm.model", out + "/spm.model");
+  } else if (kind == "gpt2") {
+    std::filesystem::create_directories(out + "/gpt2");
+    for (const char* f : {"encoder.json", "vocab.bpe"}) copy_file(base + "/gpt2/" + f, out + "/gpt2/" + f);
+  } else if (kind != "byte") {  // hf-sentencepiece, hf-bpe
+    const std::string from = is_hf_dir(base) ? base : base + "/hf", to = hf_layout ? out : out + "/hf";
+    std::filesystem::create_directories(to);
+    for (const char* f : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+      if (file_exists(from + "/" + f)) copy_file(from + "/" + f, to + "/" + f);
+  }
+}
+
+// A LoRA run's folder: the base it names, loaded and checked against the fingerprint it recorded,
+// with the adapters attached and loaded.
+struct AdapterRun {
+  LanguageModel lm;
+  std::string base;
+};
+
+AdapterRun load_adapter_run(const std::string& dir) {
+  SavedModel saved;
+  saved.path = dir + "/adapter.safetensors";
+  saved.kind = "a LoRA adapter of train --task lm";
+  saved.file = nn::load_safetensors(saved.path);
+  TP_CHECK(saved.meta("task") == "lm" && saved.meta("adapter") == "lora", "{} is not {}", saved.path, saved.kind);
+  AdapterRun run;
+  run.base = saved.meta("base");
+  TP_CHECK(std::filesystem::is_directory(run.base), "{}: its base model {} is not there; the adapters apply to that "
+           "model only: put it back", saved.path, run.base);
+  run.lm = is_hf_dir(run.base) ? load_hf_language_model(run.base) : load_language_model(run.base);
+  const std::string found = nn::fingerprint(run.lm.model->state_dict()), recorded = saved.meta("base_fingerprint");
+  TP_CHECK(found == recorded, "{}: the base model {} has changed since the adapters were trained (fingerprint {}, "
+           "recorded {}); they apply to the model they were trained on only", saved.path, run.base, found, recorded);
+  nn::LoRAOptions lora;
+  lora.rank = saved.num("lora_rank");
+  lora.alpha = saved.real("lora_alpha");
+  lora.targets = split_list(saved.meta("lora_targets"));
+  try {
+    nn::add_lora(*run.lm.model, lora);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", saved.path, e.what()));
+  }
+  std::set<std::string> expected, held;
+  for (const auto& [name, t] : nn::lora_state_dict(*run.lm.model)) expected.insert(name);
+  for (const auto& [name, t] : saved.file.tensors) held.insert(name);
+  TP_CHECK(expected == held, "{} holds {} tensors, but rank {} adapters on {} make {}: the file is not this run's "
+           "adapters", saved.path, held.size(), lora.rank, saved.meta("lora_targets"), expected.size());
+  run.lm.model->load_state_dict(saved.file.as_map(), false);
+  run.lm.model->eval();
+  return run;
+}
+
+// The metadata of a fully fine-tuned model, as a run of its kind from scratch writes it.
+LMModel base_lm_model(const std::shared_ptr<CausalLM>& model, const LMTokenizer& tok) {
+  LMModel m;
+  m.model = model;
+  if (auto* llama = dynamic_cast<Llama*>(model.get())) {
+    const LlamaConfig& c = llama->config;
+    m.name = "Llama";
+    m.metadata = llama_metadata(c, tok);
+    m.shape = fmt::format("{} layers, {} heads ({} key/value), d_model {}", c.layers, c.heads, c.kv_heads, c.d_model);
+  } else {
+    const GPTConfig& c = dynamic_cast<GPT&>(*model).config;
+    m.name = "GPT";
+    m.metadata = gpt_metadata(c, tok);
+    m.shape = fmt::format("{} layers, {} heads, d_model {}", c.layers, c.heads, c.d_model);
+  }
+  return m;
+}
+
 }  // namespace
+
+int64_t merge_lora_run(const std::string& run_dir, const std::string& out_dir) {
+  TP_CHECK(file_exists(run_dir + "/adapter.safetensors"), "merge: {} has no adapter.safetensors (not a LoRA run of "
+           "train --task lm --base DIR --lora-rank R)", run_dir);
+  const AdapterRun run = load_adapter_run(run_dir);
+  const nn::NamedTensors merged = nn::merged_state_dict(*run.lm.model);
+  // Written beside, then renamed over the old merged folder: a crash leaves the old one or none.
+  const std::string tmp = out_dir + ".tmp";
+  std::filesystem::remove_all(tmp);
+  std::filesystem::create_directories(tmp);
+  if (is_hf_dir(run.base)) {  // a Hugging Face directory: the base's config, Hugging Face's names
+    for (const char* f : {"config.json", "generation_config.json"})
+      if (file_exists(run.base + "/" + f)) copy_file(run.base + "/" + f, tmp + "/" + f);
+    nn::NamedTensors named;
+    for (const auto& [name, t] : merged) named.emplace_back(name == "lm_head.weight" ? name : "model." + name, t);
+    nn::save_safetensors(tmp + "/model.safetensors", named, {{"format", "pt"}});
+    copy_tokenizer_files(run.base, *run.lm.tokenizer, tmp, true);
+  } else {  // a run folder: the base's metadata
+    auto meta = nn::load_safetensors(run.base + "/model.safetensors").metadata;
+    meta["merged_from"] = std::filesystem::absolute(run_dir).string();
+    nn::save_safetensors(tmp + "/model.safetensors", merged, meta);
+    copy_tokenizer_files(run.base, *run.lm.tokenizer, tmp, false);
+  }
+  std::filesystem::remove_all(out_dir);
+  std::filesystem::rename(tmp, out_dir);
+  int64_t count = 0;
+  for (const auto& [name, t] : merged) count += t.numel();
+  return count;
+}
 
 LMResult train_language_model(const LMOptions& options) {
   LMOptions o = options;
   const OptionTable table = options_table(o);
   table.check();  // before the data are read, as the flags would be
   TP_CHECK(o.min_lr <= o.lr, "train: --min-lr {} is above --lr {}", o.min_lr, o.lr);
+  const bool fine_tune = !o.base.empty(), lora = o.lora_rank > 0;
+  TP_CHECK(fine_tune || !lora, "train: --lora-rank needs --base, the model whose adapters it trains");
+  TP_CHECK(lora || !o.merge, "train: --merge needs --lora-rank: it merges a LoRA run's adapters into the base");
   if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
-  const std::string config_toml = options_to_toml(o);  // refuses text TOML cannot hold, before anything is written
-  // The config's name, which depends on the model, is checked before the data are read.
-  const std::vector<std::string> configs = o.model == "llama" ? LlamaConfig::names() : GPTConfig::names();
-  TP_CHECK(std::find(configs.begin(), configs.end(), o.config) != configs.end(),
-           "train: --config: must be {} for --model {}, got '{}'", names_text(configs), o.model, o.config);
+  options_to_toml(o);  // refuses text TOML cannot hold, before anything is read or written
+  // The config's name, which depends on the model, is checked before the data are read; a base
+  // brings its own model.
+  LanguageModel base;
+  if (fine_tune) {
+    base = load_base(o.base);
+    o.model = dynamic_cast<Llama*>(base.model.get()) ? "llama" : "gpt";
+    o.config = "base";
+  } else {
+    const std::vector<std::string> configs = o.model == "llama" ? LlamaConfig::names() : GPTConfig::names();
+    TP_CHECK(std::find(configs.begin(), configs.end(), o.config) != configs.end(),
+             "train: --config: must be {} for --model {}, got '{}'", names_text(configs), o.model, o.config);
+  }
+  const std::vector<std::string> lora_layers = lora ? lora_layer_names(o.model, o.lora_targets) : std::vector<std::string>{};
+  const std::string config_toml = options_to_toml(o);
   TrainerOptions to = o.trainer;
 
   // Data.
   const LMText text = read_lm_text(o);
   RunFolder folder(to.out_dir, to.resume, to.overwrite,
-                   {"spm.model", "spm.recipe", "gpt2", "train.ids", "val.ids", "ids.json", "config.toml"});
+                   {"spm.model", "spm.recipe", "gpt2", "hf", "train.ids", "val.ids", "ids.json", "config.toml"});
   manual_seed(to.seed);
-  const std::unique_ptr<LMTokenizer> tok = make_lm_tokenizer(o, text);
+  const std::unique_ptr<LMTokenizer> tok = fine_tune ? std::move(base.tokenizer) : make_lm_tokenizer(o, text);
+  if (fine_tune && dist::is_main()) copy_tokenizer_files(o.base, *tok, to.out_dir, false);
   const Stream train = encode_stream(*tok, text.train), val = encode_stream(*tok, text.val);
   TP_CHECK(static_cast<int64_t>(train.ids.size()) > o.block, "train: {} gives {} tokens, fewer than one window of "
            "--block {} + 1", text.train_path, train.ids.size(), o.block);
@@ -376,33 +572,55 @@ LMResult train_language_model(const LMOptions& options) {
            o.batch, o.batch * o.block + 1);
   if (o.export_ids) export_streams(to.out_dir, *tok, train, val);
 
-  // Model, optimizer and schedule.
-  const LMModel made = make_lm_model(o, *tok);
+  // Model (with LoRA: the base frozen, adapters beside it), optimizer and schedule.
+  LMModel made = fine_tune ? base_lm_model(base.model, *tok) : make_lm_model(o, *tok);
   CausalLM& model = *made.model;
+  TP_CHECK(o.block <= model.context_length(), "train: --block {} is longer than the base's context ({} positions)",
+           o.block, model.context_length());
+  std::string base_fingerprint;
+  if (lora) {
+    base_fingerprint = nn::fingerprint(model.state_dict());
+    nn::LoRAOptions lo;
+    lo.rank = o.lora_rank, lo.alpha = o.lora_alpha, lo.dropout = o.dropout, lo.targets = lora_layers;
+    const std::vector<std::string> adapted = nn::add_lora(model, lo);
+    made.metadata = {{"task", "lm"},
+                     {"adapter", "lora"},
+                     {"model", o.model},
+                     {"tokenizer", tok->name()},
+                     {"base", std::filesystem::absolute(o.base).lexically_normal().string()},
+                     {"base_fingerprint", base_fingerprint},
+                     {"lora_rank", std::to_string(o.lora_rank)},
+                     {"lora_alpha", fmt::format("{}", o.lora_alpha)},
+                     {"lora_targets", fmt::format("{}", fmt::join(lora_layers, ","))}};
+    made.shape += fmt::format("; LoRA rank {}, alpha {} on {} layers ({}), {} trainable", o.lora_rank, o.lora_alpha,
+                              adapted.size(), fmt::join(lora_layers, ", "), model.num_trainable_parameters());
+    to.trainable_only = true;
+  }
   model.to(training_device(o.device));  // before the optimizer, whose state follows the parameters
   const std::unique_ptr<optim::AdamW> adamw = lm_adamw(model, o);
   LMData data(model, train.ids, o.block, o.batch, to.seed);
   const int64_t steps_per_epoch = data.plan(1), total_steps = steps_per_epoch * to.epochs;
   optim::CosineSchedule schedule(o.lr, std::min(o.warmup, total_steps), total_steps, o.min_lr);
+  const std::string what = fine_tune ? fmt::format("{} from {}", made.name, o.base) : made.name + " " + o.config;
   std::printf("train: language model on %s (%zu lines, %zu tokens, %lld bytes), val %s (%zu tokens), tokenizer %s "
-              "(vocabulary %lld), %s %s (%s, %lld parameters), block %lld, "
+              "(vocabulary %lld), %s (%s, %lld parameters), block %lld, "
               "batch %lld, %lld epochs of %lld steps, AdamW lr %.2e -> %.2e (cosine, warmup %lld), weight decay %.2f\n",
               text.train_path.c_str(), text.train.size(), train.ids.size(), (long long)train.bytes,
               text.val_path.c_str(), val.ids.size(), tok->name().c_str(), (long long)tok->vocab_size(),
-              made.name.c_str(), o.config.c_str(), made.shape.c_str(), (long long)model.num_parameters(), (long long)o.block, (long long)o.batch, (long long)to.epochs,
+              what.c_str(), made.shape.c_str(), (long long)model.num_parameters(), (long long)o.block, (long long)o.batch, (long long)to.epochs,
               (long long)steps_per_epoch, o.lr, o.min_lr, (long long)std::min(o.warmup, total_steps), o.weight_decay);
   std::fflush(stdout);
 
   // What the run folder records: the recipe (and what follows from the options: the resolved
-  // data, the tokenizer's vocabulary), config.toml, the model's shape.
+  // data, the tokenizer's vocabulary, the base's fingerprint), config.toml, the model's shape.
   to.recipe = table.recipe();
   to.recipe.insert({{"task", "lm"}, {"tokenizer", tok->name()}, {"vocab", std::to_string(tok->vocab_size())},
                     {"data", text.train_path}});
+  if (lora) to.recipe["base_fingerprint"] = base_fingerprint;
   to.recipe_defaults = {{"model", "gpt"}};  // checkpoints from before the Llama hold GPTs
   to.run_files = {{"config.toml", config_toml}};
   to.model_metadata = made.metadata;
-  to.curves_title = fmt::format("{} {} on {} ({} tokens)", made.name, o.config,
-                                text.train_path, tok->name());
+  to.curves_title = fmt::format("{} on {} ({} tokens)", what, text.train_path, tok->name());
 
   // Metric; fit.
   const auto start = std::chrono::steady_clock::now();
@@ -415,10 +633,20 @@ LMResult train_language_model(const LMOptions& options) {
                    {"val_ppl", "val perplexity", std::exp(loss), 2, "", true}};
   };
   const FitResult fit = trainer.fit(data);
-  return lm_result(fit, model, train, val, seconds_since(start));
+  LMResult result = lm_result(fit, model, train, val, seconds_since(start));
+  if (o.merge && !fit.stopped && !fit.interrupted && dist::is_main()) {
+    const std::string merged_dir = to.out_dir + "/merged";
+    const int64_t n = merge_lora_run(to.out_dir, merged_dir);
+    std::printf("merged: the base with the adapters added in (%lld parameters) in %s; `tapestry generate %s %s`\n",
+                (long long)n, merged_dir.c_str(), is_hf_dir(o.base) ? "--hf" : "--checkpoint", merged_dir.c_str());
+    std::fflush(stdout);
+  }
+  return result;
 }
 
 LanguageModel load_language_model(const std::string& dir) {
+  if (!file_exists(dir + "/model.safetensors") && file_exists(dir + "/adapter.safetensors"))
+    return load_adapter_run(dir).lm;  // a LoRA run: its base with the adapters
   const SavedModel saved = read_saved_model(dir, {"lm"}, "a language model", "tapestry train --task lm");
   const std::string& path = saved.path;
   auto meta = [&](const char* key) { return saved.meta(key); };
@@ -428,6 +656,7 @@ LanguageModel load_language_model(const std::string& dir) {
   if (t == "byte") lm.tokenizer = byte_tokenizer();
   else if (t == "sentencepiece") lm.tokenizer = sentencepiece_tokenizer(dir + "/spm.model");
   else if (t == "gpt2") lm.tokenizer = gpt2_tokenizer(dir + "/gpt2");
+  else if (t == "hf-bpe" || t == "hf-sentencepiece") lm.tokenizer = hf_tokenizer(dir + "/hf");  // a fine-tuned Hugging Face model
   else throw Error(fmt::format("{}: unknown tokenizer '{}'", path, t));
   // Run folders from before the Llama have no "model" entry: they hold a GPT.
   const std::string kind = saved.file.metadata.count("model") ? meta("model") : "gpt";

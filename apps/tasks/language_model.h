@@ -48,6 +48,17 @@ struct LMOptions {
   std::string device = "cpu";  // where the model trains: cpu, cuda or cuda:N (a -DTAPESTRY_CUDA=ON build)
   bool export_ids = false;  // also write train.ids/val.ids (int32) and ids.json for tools/lm-compare.sh
   std::vector<std::string> prompts;  // sampled (greedy and seeded) after training
+
+  // Fine-tuning: the model and the tokenizer come from `base` (a run folder of train --task lm, or
+  // a Hugging Face Llama directory) instead of --model, --config and --tokenizer. Without
+  // lora_rank every weight trains and the run folder stands alone (model.safetensors and the
+  // tokenizer's files); with it the base is frozen and only LoRA adapters train and are saved
+  // (adapter.safetensors, recording the base's path and fingerprint).
+  std::string base;
+  int64_t lora_rank = 0;              // 0: full fine-tuning
+  double lora_alpha = 16;             // the adapters' update is scaled by alpha / rank
+  std::string lora_targets = "q,v";   // the adapted layers: q, k, v, o (attention), gate, up, down (MLP)
+  bool merge = false;                 // after training, write the base with the adapters merged into OUT/merged
 };
 
 // The task's options, one row each (flag, help, values, role): the command line's flags, the
@@ -58,7 +69,7 @@ OptionTable options_table(LMOptions& options);
 std::string options_to_toml(const LMOptions& options);
 
 struct LMResult {
-  int64_t steps = 0, train_tokens = 0, val_tokens = 0, val_bytes = 0, parameters = 0;
+  int64_t steps = 0, train_tokens = 0, val_tokens = 0, val_bytes = 0, parameters = 0, trainable_parameters = 0;
   double val_loss = 0, val_ppl = 0, val_bpb = 0, seconds = 0, tokens_per_s = 0, peak_rss_mib = 0;
   bool stopped = false;
   int interrupted = 0;
@@ -72,11 +83,19 @@ struct LanguageModel {
   std::unique_ptr<LMTokenizer> tokenizer;
   std::shared_ptr<models::CausalLM> model;
 };
+// A LoRA run's folder (adapter.safetensors) loads as its base with the adapters attached; the
+// base must still be where the run found it, unchanged (its fingerprint is checked).
 LanguageModel load_language_model(const std::string& checkpoint_dir);
 // A Llama-family model in a Hugging Face directory (models::load_llama_hf) with its tokenizer
 // (hf_tokenizer); a tokenizer whose vocabulary differs from config.json's vocab_size is refused
 // before the weights are read.
 LanguageModel load_hf_language_model(const std::string& dir);
+
+// The merged model of a LoRA run (`train --task lm --base B --lora-rank R`): the base's weights
+// with the adapters added in (W + alpha / rank B A), written to out_dir in the base's own layout
+// (a run folder for `generate --checkpoint`, or a Hugging Face directory for `generate --hf`),
+// with the tokenizer's files. Returns the merged model's parameter count.
+int64_t merge_lora_run(const std::string& run_dir, const std::string& out_dir);
 
 // Mean loss (nats per predicted token) over a stream, in windows of block + 1 tokens that step
 // by block: every token after the first is predicted once.

@@ -1,6 +1,7 @@
 // A run folder's checkpoints (see checkpoints.h).
 #include "apps/train/checkpoints.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -55,12 +56,42 @@ std::map<std::string, std::string> with(std::map<std::string, std::string> meta,
 Checkpoints::Checkpoints(nn::Module& model, optim::Optimizer& optimizer, const TrainerOptions& options)
     : model_(model), optimizer_(optimizer), o_(options) {}
 
+nn::NamedTensors Checkpoints::saved_state() const {
+  if (!o_.trainable_only) return model_.state_dict();
+  nn::NamedTensors out;
+  for (auto& [name, t] : model_.named_parameters())
+    if (t.requires_grad()) out.emplace_back(name, t);
+  return out;
+}
+
+std::string Checkpoints::weights_path(const std::string& suffix) const {
+  return fmt::format("{}/{}{}.safetensors", o_.out_dir, o_.trainable_only ? "adapter" : "model", suffix);
+}
+
+void Checkpoints::load_saved_state(const std::map<std::string, Tensor>& state, const std::string& from) {
+  if (!o_.trainable_only) {
+    model_.load_state_dict(state);
+    return;
+  }
+  std::vector<std::string> missing, unexpected;
+  const nn::NamedTensors expected = saved_state();
+  for (const auto& [name, t] : expected)
+    if (!state.count(name)) missing.push_back(name);
+  for (const auto& [name, t] : state)
+    if (std::none_of(expected.begin(), expected.end(), [&](const auto& e) { return e.first == name; }))
+      unexpected.push_back(name);
+  TP_CHECK(missing.empty() && unexpected.empty(), "resume: {} holds other trainable tensors than this run's (missing: "
+           "{}; unexpected: {}); resume with the options of its config.toml", from, fmt::join(missing, ", "),
+           fmt::join(unexpected, ", "));
+  model_.load_state_dict(state, false);
+}
+
 void Checkpoints::save(int64_t step, int64_t epoch, int64_t next_batch, double loss_sum, int64_t tokens) {
   if (!dist::is_main()) return;  // every rank holds the same weights; rank 0 writes them
   TP_CHECK(std::isfinite(optim::global_norm(model_.parameters())), "train: the weights are not finite after step {}; "
            "nothing was saved (the last checkpoint is intact). Lower --lr-factor or set --clip-norm", step);
   nn::NamedTensors state;
-  for (auto& [name, t] : model_.state_dict()) state.emplace_back("model." + name, t);
+  for (auto& [name, t] : saved_state()) state.emplace_back("model." + name, t);
   for (auto& [name, t] : optimizer_.state_dict()) state.emplace_back("optimizer." + name, t);
   auto meta = with(o_.recipe, {{"epoch", std::to_string(epoch)},
                                {"next_batch", std::to_string(next_batch)},
@@ -70,7 +101,7 @@ void Checkpoints::save(int64_t step, int64_t epoch, int64_t next_batch, double l
                                {"rng", default_generator().state()},
                                {"world_size", std::to_string(dist::world_size())}});
   nn::save_safetensors(o_.out_dir + "/checkpoint.safetensors", state, meta);
-  model_.save(o_.out_dir + "/model.safetensors", with(o_.model_metadata, {{"step", std::to_string(step)}}));
+  nn::save_safetensors(weights_path(""), saved_state(), with(o_.model_metadata, {{"step", std::to_string(step)}}));
 }
 
 ResumePoint Checkpoints::load(int64_t& step, FitResult& result) {
@@ -108,7 +139,7 @@ ResumePoint Checkpoints::load(int64_t& step, FitResult& result) {
     TP_CHECK(recorded == value, "resume: {} was trained with {} = {}, but this run has {} = {}; resume with the "
              "options of its config.toml", from, key, recorded, key, value);
   }
-  model_.load_state_dict(model_state);
+  load_saved_state(model_state, from);
   optimizer_.load_state_dict(opt_state);
   step = meta_number<int64_t>(file.metadata, from, "step");
   TP_CHECK(optimizer_.step_count() == step, "resume: {} is at step {} but {} at step {}; the checkpoint is torn",
@@ -131,7 +162,7 @@ ResumePoint Checkpoints::load(int64_t& step, FitResult& result) {
   std::printf("resume: from %s at epoch %lld, batch %lld, step %lld\n", from.c_str(), (long long)at.epoch,
               (long long)at.batch, (long long)step);
   // The best so far stays the best unless a later epoch beats it.
-  const std::string best_path = o_.out_dir + "/model.best.safetensors";
+  const std::string best_path = weights_path(".best");
   if (!o_.best_metric.empty() && file_exists(best_path)) {
     auto best = nn::load_safetensors(best_path).metadata;
     if (best.count(o_.best_metric) && best.count("epoch")) {
@@ -146,16 +177,16 @@ ResumePoint Checkpoints::load(int64_t& step, FitResult& result) {
 // before the checkpoint that moves resume past this epoch; then curves.svg.
 void Checkpoints::end_of_epoch(int64_t step, int64_t epoch, const EpochRecord& r, FitResult& result) {
   if (!dist::is_main()) return;
-  const std::string epoch_path = fmt::format("{}/model.epoch{}.safetensors", o_.out_dir, epoch);
-  model_.save(epoch_path, with(o_.model_metadata, {{"epoch", std::to_string(epoch)}}));
-  if (epoch - o_.keep >= 1) std::remove(fmt::format("{}/model.epoch{}.safetensors", o_.out_dir, epoch - o_.keep).c_str());
+  const std::string epoch_path = weights_path(fmt::format(".epoch{}", epoch));
+  nn::save_safetensors(epoch_path, saved_state(), with(o_.model_metadata, {{"epoch", std::to_string(epoch)}}));
+  if (epoch - o_.keep >= 1) std::remove(weights_path(fmt::format(".epoch{}", epoch - o_.keep)).c_str());
   if (!o_.best_metric.empty()) {
     const double value = metric(r.metrics, o_.best_metric);
     if (result.best_epoch == 0 || value > result.best_value) {
       result.best_value = value;
       result.best_epoch = epoch;
-      model_.save(o_.out_dir + "/model.best.safetensors",
-                  with(o_.model_metadata, {{"epoch", std::to_string(epoch)}, {o_.best_metric, fmt::format("{:.2f}", value)}}));
+      nn::save_safetensors(weights_path(".best"), saved_state(),
+                           with(o_.model_metadata, {{"epoch", std::to_string(epoch)}, {o_.best_metric, fmt::format("{:.2f}", value)}}));
     }
   }
   save(step, epoch + 1, 0, 0, 0);
@@ -163,17 +194,17 @@ void Checkpoints::end_of_epoch(int64_t step, int64_t epoch, const EpochRecord& r
 
 void Checkpoints::average(FitResult& result) {
   // An average left by an earlier run in this directory must not pass for this run's.
-  std::remove((o_.out_dir + "/model.avg.safetensors").c_str());
+  std::remove(weights_path(".avg").c_str());
   if (o_.average <= 1) return;
   std::vector<std::string> paths;
   for (int64_t e = std::max<int64_t>(1, o_.epochs - o_.average + 1); e <= o_.epochs; ++e) {
-    std::string p = fmt::format("{}/model.epoch{}.safetensors", o_.out_dir, e);
+    std::string p = weights_path(fmt::format(".epoch{}", e));
     if (std::ifstream(p).good()) paths.push_back(p);
   }
   if (paths.size() < 2) return;
-  model_.load_state_dict(average_checkpoints(paths));
-  model_.save(o_.out_dir + "/model.avg.safetensors",
-              with(o_.model_metadata, {{"averaged", std::to_string(paths.size())}}));
+  load_saved_state(average_checkpoints(paths), paths.back());
+  nn::save_safetensors(weights_path(".avg"), saved_state(),
+                       with(o_.model_metadata, {{"averaged", std::to_string(paths.size())}}));
   result.averaged = static_cast<int64_t>(paths.size());
   std::printf("averaged the weights of the last %zu epoch checkpoints\n", paths.size());
 }

@@ -30,6 +30,12 @@ class Checkpoints {
   void average(FitResult& result);
 
  private:
+  // The state the files hold (all of it, or the trainable parameters: TrainerOptions::trainable_only),
+  // the path of a weights file ("" -> DIR/model.safetensors, ".best" -> DIR/adapter.best.safetensors),
+  // and loading such a state (which must name exactly those tensors).
+  nn::NamedTensors saved_state() const;
+  std::string weights_path(const std::string& suffix) const;
+  void load_saved_state(const std::map<std::string, Tensor>& state, const std::string& from);
   nn::Module& model_;
   optim::Optimizer& optimizer_;
   const TrainerOptions& o_;

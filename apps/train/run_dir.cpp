@@ -20,7 +20,8 @@ namespace tapestry::apps {
 namespace {
 // The files the Trainer writes into a run folder; epoch copies are matched by prefix.
 const char* const kTrainerFiles[] = {"checkpoint.safetensors", "model.safetensors", "optimizer.safetensors",
-                                     "model.best.safetensors", "model.avg.safetensors", "curves.svg"};
+                                     "model.best.safetensors", "model.avg.safetensors", "curves.svg",
+                                     "adapter.safetensors", "adapter.best.safetensors", "adapter.avg.safetensors"};
 }  // namespace
 
 bool file_exists(const std::string& path) {
@@ -60,7 +61,7 @@ void RunFolder::prepare(bool resume, bool overwrite, const std::vector<std::stri
   for (const auto& f : files) std::filesystem::remove(dir + "/" + f, ec);
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("model.epoch", 0) == 0) std::filesystem::remove(entry.path(), ec);
+    if (name.rfind("model.epoch", 0) == 0 || name.rfind("adapter.epoch", 0) == 0) std::filesystem::remove(entry.path(), ec);
   }
   std::printf("train: --overwrite: removed the run in %s\n", dir.c_str());
 }

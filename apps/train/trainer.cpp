@@ -123,7 +123,7 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
   // would give. N ranks: each rank's loss summed over its tokens; the gradients are then summed
   // over the ranks and divided by the tokens of the whole group (the global mean token loss).
   // N ranks: the backward of the group's last batch starts the gradients' all-reduce (overlap).
-  if (parallel && !reducer_) reducer_ = std::make_unique<dist::GradReducer>(model_.parameters(), o_.bucket_bytes, o_.first_bucket_bytes);
+  if (parallel && !reducer_) reducer_ = std::make_unique<dist::GradReducer>(model_.trainable_parameters(), o_.bucket_bytes, o_.first_bucket_bytes);
   size_t last = group.size();
   while (last > 0 && group[last - 1].tokens == 0) --last;
   // Note [One sync per step]: the losses stay on the device until every backward has been queued;
@@ -154,7 +154,7 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
   };
   r.stop_signal = StopSignals::pending() != 0;
   r.out_of_time = o_.time_limit > 0 && seconds_since(run_start_) >= o_.time_limit;
-  const std::vector<Tensor> params = model_.parameters();
+  const std::vector<Tensor> params = model_.trainable_parameters();
   if (!parallel) {
     const Device device = losses.empty() ? Device::CPU : losses[0].first.device();
     const std::vector<double> values = read(optim::grad_sum_of_squares(params, device));

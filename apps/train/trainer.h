@@ -94,6 +94,10 @@ struct TrainerOptions {
   int64_t keep = 5;             // keep the last K epoch copies (model.epochE.safetensors)
   int64_t average = 5;          // after the last epoch, average the last N epoch copies into the model
   std::string best_metric;      // keep model.best.safetensors on this metric's highest value ("": none)
+  // A fine-tuning run with a frozen base (LoRA): the checkpoint and the weights files hold the
+  // trainable parameters only, and the weights files are adapter.safetensors (adapter.epochE, ...
+  // .best, .avg) instead of model.*; model_metadata then names the base they apply to.
+  bool trainable_only = false;
   // Resume refuses a checkpoint whose recipe differs: the model and whatever decides the batches.
   // A key absent from an older checkpoint is compared with recipe_defaults, or passes.
   std::map<std::string, std::string> recipe, recipe_defaults;

@@ -6,6 +6,7 @@ It does not need the transformers package.
 
     /usr/bin/python3 tools/reference/llama_ref.py write-hf DIR [--dtype F32|BF16|F16] [--shards N]
                                                                [--tie] [--seed N] [--vocab N]
+                                                               [--hidden N] [--intermediate N] [--layers N]
     /usr/bin/python3 tools/reference/llama_ref.py check DIR DUMP.safetensors
 
 write-hf: a tiny random Llama with grouped-query attention (4 query heads, 2 key/value heads) as a
@@ -165,7 +166,8 @@ class LlamaForCausalLM(nn.Module):
 
 def write_hf(args):
     torch.manual_seed(args.seed)
-    c = dict(CONFIG, tie_word_embeddings=args.tie, torch_dtype=TORCH_DTYPE_NAMES[args.dtype], vocab_size=args.vocab)
+    c = dict(CONFIG, tie_word_embeddings=args.tie, torch_dtype=TORCH_DTYPE_NAMES[args.dtype], vocab_size=args.vocab,
+             hidden_size=args.hidden, intermediate_size=args.intermediate, num_hidden_layers=args.layers)
     model = LlamaForCausalLM(c)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -306,6 +308,9 @@ def main():
     w.add_argument("--tie", action="store_true")
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--vocab", type=int, default=CONFIG["vocab_size"])
+    w.add_argument("--hidden", type=int, default=CONFIG["hidden_size"])  # a multiple of 4 heads' even head dim
+    w.add_argument("--intermediate", type=int, default=CONFIG["intermediate_size"])
+    w.add_argument("--layers", type=int, default=CONFIG["num_hidden_layers"])
     c = sub.add_parser("check")
     c.add_argument("dir")
     c.add_argument("dump")

@@ -1,5 +1,5 @@
-// Losses. cross_entropy keeps only the logits (already alive as the generator's output) and one
-// log-sum-exp per row for backward: the (tokens x vocab) probabilities are never stored.
+// Losses. cross_entropy keeps only the logits (already alive as the generator's output) and each
+// row's log-sum-exp (its max and log sum, [N, 2]) for backward: the (tokens x vocab) probabilities are never stored.
 #include "tapestry/autograd/functions.h"
 #include "tapestry/ops/detail/kernels.h"
 

@@ -115,8 +115,15 @@ Tensor GPT::forward(const Tensor& ids_in, GPTCache* cache, const Tensor& positio
   const bool causal = past == 0 && T > 1;
   const Tensor attn_mask = mask_after_cache(position_range(ids.device()), mask, past, T);
   if (cache && cache->layers.empty()) cache->layers.resize(blocks->size());
-  for (size_t i = 0; i < blocks->size(); ++i)
-    x = blocks->at<GPTBlock>(i)->forward(x, attn_mask, causal, cache ? &cache->layers[i] : nullptr);
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    const std::shared_ptr<GPTBlock> block = blocks->at<GPTBlock>(i);
+    if (checkpoint_blocks() && !cache)
+      x = checkpoint([block, attn_mask, causal](const TensorList& in) {
+        return block->forward(in[0], attn_mask, causal, nullptr);
+      }, {x});
+    else
+      x = block->forward(x, attn_mask, causal, cache ? &cache->layers[i] : nullptr);
+  }
   return head->forward(ln_f->forward(x));
 }
 

@@ -161,8 +161,15 @@ Tensor Llama::forward(const Tensor& ids_in, LlamaCache* cache, const Tensor& pos
   const Tensor mask = mask_after_cache(range_, masked_out, past, T);
   if (cache && cache->layers.empty()) cache->layers.resize(layers->size());
   Tensor x = embed_tokens->forward(ids);
-  for (size_t i = 0; i < layers->size(); ++i)
-    x = layers->at<LlamaBlock>(i)->forward(x, cos, sin, mask, causal, cache ? &cache->layers[i] : nullptr);
+  for (size_t i = 0; i < layers->size(); ++i) {
+    const std::shared_ptr<LlamaBlock> block = layers->at<LlamaBlock>(i);
+    if (checkpoint_blocks() && !cache)
+      x = checkpoint([block, cos, sin, mask, causal](const TensorList& in) {
+        return block->forward(in[0], cos, sin, mask, causal, nullptr);
+      }, {x});
+    else
+      x = block->forward(x, cos, sin, mask, causal, cache ? &cache->layers[i] : nullptr);
+  }
   return lm_head->forward(norm->forward(x));
 }
 

@@ -136,7 +136,13 @@ Tensor Transformer::embed(const nn::Embedding& table, const Tensor& ids, int64_t
 Tensor Transformer::encode(const Tensor& src, const Tensor& src_mask) {
   check_ids("source", src, config.src_vocab);
   Tensor x = embed(*src_embed, src, 0);
-  for (size_t i = 0; i < encoder_layers->size(); ++i) x = encoder_layers->at<EncoderLayer>(i)->forward(x, src_mask);
+  for (size_t i = 0; i < encoder_layers->size(); ++i) {
+    const std::shared_ptr<EncoderLayer> layer = encoder_layers->at<EncoderLayer>(i);
+    if (checkpoint_blocks())
+      x = checkpoint([layer, src_mask](const TensorList& in) { return layer->forward(in[0], src_mask); }, {x});
+    else
+      x = layer->forward(x, src_mask);
+  }
   return encoder_norm ? encoder_norm->forward(x) : x;
 }
 
@@ -148,10 +154,18 @@ Tensor Transformer::decode(const Tensor& tgt, const Tensor& memory, const Tensor
     cache->src_attn.resize(decoder_layers->size());
   }
   Tensor x = embed(*tgt_embed, tgt, offset);
-  for (size_t i = 0; i < decoder_layers->size(); ++i)
-    x = decoder_layers->at<DecoderLayer>(i)->forward(x, memory, src_mask, tgt_mask,
-                                                      cache ? &cache->self_attn[i] : nullptr,
-                                                      cache ? &cache->src_attn[i] : nullptr);
+  for (size_t i = 0; i < decoder_layers->size(); ++i) {
+    const std::shared_ptr<DecoderLayer> layer = decoder_layers->at<DecoderLayer>(i);
+    // Checkpointed, the layer hands memory its gradient from both of its uses (keys and values)
+    // already summed: the encoder's gradient then equals the plain one to rounding, not to the bit.
+    if (checkpoint_blocks() && !cache)
+      x = checkpoint([layer, src_mask, tgt_mask](const TensorList& in) {
+        return layer->forward(in[0], in[1], src_mask, tgt_mask, nullptr, nullptr);
+      }, {x, memory});
+    else
+      x = layer->forward(x, memory, src_mask, tgt_mask, cache ? &cache->self_attn[i] : nullptr,
+                         cache ? &cache->src_attn[i] : nullptr);
+  }
   return decoder_norm ? decoder_norm->forward(x) : x;
 }
 

@@ -212,7 +212,13 @@ TransformerEncoder::TransformerEncoder(const TransformerEncoderLayerOptions& lay
 
 Tensor TransformerEncoder::forward(const Tensor& x, const Tensor& mask, bool is_causal) {
   Tensor y = x;
-  for (size_t i = 0; i < layers->size(); ++i) y = layers->at<TransformerEncoderLayer>(i)->forward(y, mask, is_causal);
+  for (size_t i = 0; i < layers->size(); ++i) {
+    const std::shared_ptr<TransformerEncoderLayer> layer = layers->at<TransformerEncoderLayer>(i);
+    if (checkpoint_blocks())
+      y = checkpoint([layer, mask, is_causal](const TensorList& in) { return layer->forward(in[0], mask, is_causal); }, {y});
+    else
+      y = layer->forward(y, mask, is_causal);
+  }
   return norm ? norm->forward(y) : y;
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "tapestry/ops/factory.h"
@@ -33,6 +34,21 @@ std::vector<std::pair<std::string, std::shared_ptr<Linear>>> linear_layers(const
   return out;
 }
 
+// How many registry entries hold each parameter tensor, over every module under root: a weight
+// tied to another parameter is held twice (state_dict lists it once, under whichever name came
+// first, so it cannot tell).
+std::map<const TensorImpl*, int> parameter_holders(const Module& root) {
+  std::map<const TensorImpl*, int> holders;
+  std::set<const Module*> seen;
+  std::function<void(const Module&)> walk = [&](const Module& m) {
+    if (!seen.insert(&m).second) return;
+    for (const auto& [name, t] : m.named_parameters(false)) ++holders[&t.impl()];
+    for (const auto& [name, child] : m.named_children()) walk(*child);
+  };
+  walk(root);
+  return holders;
+}
+
 std::string last_part(const std::string& path) {
   const size_t dot = path.rfind('.');
   return dot == std::string::npos ? path : path.substr(dot + 1);
@@ -56,18 +72,18 @@ std::vector<std::string> add_lora(Module& model, const LoRAOptions& o) {
   TP_CHECK(o.alpha > 0, "add_lora: alpha must be positive, got {}", o.alpha);
   TP_CHECK(o.dropout >= 0 && o.dropout < 1, "add_lora: dropout must be in [0, 1), got {}", o.dropout);
   TP_CHECK(!o.targets.empty(), "add_lora: no target layers given");
+  TP_CHECK(lora_state_dict(model).empty(), "add_lora: the model has adapters already (one set per model: merge them "
+           "into a fresh model with merged_state_dict first)");
   const auto layers = linear_layers(model);
-  std::set<std::string> state_names;
-  for (const auto& [name, t] : model.state_dict()) state_names.insert(name);
+  const std::map<const TensorImpl*, int> holders = parameter_holders(model);
   std::vector<std::pair<std::string, std::shared_ptr<Linear>>> chosen;
   for (const std::string& target : o.targets) {
     size_t found = 0;
     for (const auto& [path, layer] : layers) {
       if (last_part(path) != target) continue;
       ++found;
-      TP_CHECK(!layer->lora_A, "add_lora: {} already has an adapter", path);
-      TP_CHECK(state_names.count(path + ".weight"), "add_lora: {}'s weight is tied to another parameter; merging an "
-               "adapter into it would change both: leave '{}' out of the targets", path, target);
+      TP_CHECK(holders.at(&layer->weight.impl()) == 1, "add_lora: {}'s weight is tied to another parameter; merging "
+               "an adapter into it would change both: leave '{}' out of the targets", path, target);
       chosen.emplace_back(path, layer);
     }
     std::vector<std::string> names;

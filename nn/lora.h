@@ -1,9 +1,9 @@
 // LoRA (Hu et al. 2021, "Low-Rank Adaptation of Large Language Models"): fine-tuning that
 // freezes a model and trains, beside chosen Linear layers, a low-rank update of their weights,
 // W + (alpha / rank) B A, with A [rank, in] initialised as a Linear's weight and B [out, rank] at
-// zero, so that training starts from the base model's outputs. Names are PEFT's: an adapted
+// zero, so that training starts from the base model's outputs. Names follow PEFT's: an adapted
 // layer "layers.0.self_attn.q_proj" gains "layers.0.self_attn.q_proj.lora_A.weight" and
-// "...lora_B.weight".
+// "...lora_B.weight" (PEFT's files put "base_model.model." before its model's own names).
 //
 //   nn::LoRAOptions lora;
 //   lora.rank = 8, lora.alpha = 16, lora.targets = {"q_proj", "v_proj"};
@@ -30,8 +30,8 @@ struct LoRAOptions {
 // dtype and on its device, to every nn::Linear named in options.targets. Returns the adapted
 // layers' paths, in order. Throws a tapestry::Error, before changing anything, for a rank below
 // 1, an alpha that is not positive, a dropout outside [0, 1), a target that names no Linear
-// layer, a layer that already has an adapter, or one whose weight is tied to another parameter
-// (merging would change both).
+// layer, a model that has adapters already, or a layer whose weight is tied to another
+// parameter (merging would change both).
 std::vector<std::string> add_lora(Module& model, const LoRAOptions& options);
 
 // The adapters' parameters under their full names: what an adapter file holds.

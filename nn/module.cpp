@@ -113,6 +113,7 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> module) 
   check_name("register_module", name);
   TP_CHECK(module != nullptr, "Module::register_module: '{}' is null", name);
   module->train(training_);
+  module->set_checkpointing(checkpointing_);
   if (!module->parent_) {
     module->parent_ = this;
     module->set_path(path_.empty() ? name : path_ + "." + name);
@@ -188,6 +189,13 @@ void Module::train(bool on) {
   training_ = on;
   for (auto& [n, m] : children_) m->train(on);
 }
+
+void Module::set_checkpointing(bool on) {
+  checkpointing_ = on;
+  for (auto& [n, m] : children_) m->set_checkpointing(on);
+}
+
+bool Module::checkpoint_blocks() const { return checkpointing_ && training_ && GradMode::is_enabled(); }
 
 void Module::zero_grad() {
   for (auto& [n, t] : named_parameters()) t.zero_grad();

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "tapestry/autograd/checkpoint.h"
 #include "tapestry/autograd/functions.h"
 
 namespace tapestry::nn {
@@ -82,6 +83,13 @@ class Module {
   void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
+  // Activation checkpointing (autograd/checkpoint.h): the zoo's models then run each block of
+  // their stacks through checkpoint() while training, keeping one block's activations at a time
+  // during backward, for one more forward of compute. Applies to every submodule, as train().
+  void set_checkpointing(bool on = true);
+  bool checkpointing() const { return checkpointing_; }
+  // Whether a stack's blocks go through checkpoint() now: checkpointing, training, grad mode on.
+  bool checkpoint_blocks() const;
   void zero_grad();
 
   // Parameters then buffers, each under its full dotted name; a tensor shared under two names
@@ -112,6 +120,7 @@ class Module {
   const Module* parent_ = nullptr;  // the module it was first registered in
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  bool checkpointing_ = false;
 };
 
 }  // namespace tapestry::nn

@@ -147,6 +147,7 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   Tensor ids = randint(0, vocab, {batch, block + 1}, DType::Int64, &data);
   Tensor x = ids.slice(1, 0, block).contiguous().to(bench_device), y = ids.slice(1, 1, block + 1).contiguous().to(bench_device);
   apps::TrainerOptions to;
+  to.checkpoint_activations = o.checkpoint_activations;
   to.progress = false, to.clip_norm = 1.0;
   apps::Trainer trainer(model, adamw, nullptr, to);
   const std::vector<apps::TrainBatch> step_batch = {{batch * block, [&] { return model.loss(x, y); }}};
@@ -207,6 +208,7 @@ int run_vit_bench(const BenchOptions& o, int threads) {
   Tensor x = rand({batch, 1, 28, 28}, DType::Float32, &data).to(bench_device);
   Tensor y = randint(0, 10, {batch}, DType::Int64, &data).to(bench_device);
   apps::TrainerOptions to;
+  to.checkpoint_activations = o.checkpoint_activations;
   to.progress = false;
   apps::Trainer trainer(model, adamw, nullptr, to);
   const std::vector<apps::TrainBatch> step_batch = {{batch, [&] { return model.loss(x, y); }}};
@@ -280,6 +282,7 @@ int run_bench(const BenchOptions& o) {
   // The step training runs (apps/train/trainer.h): forward, loss, backward, gradient norm (the
   // non-finite guard), Adam step; no schedule, no clipping.
   apps::TrainerOptions to;
+  to.checkpoint_activations = o.checkpoint_activations;
   to.progress = false;
   apps::Trainer trainer(model, adam, nullptr, to);
   const std::vector<apps::TrainBatch> batch = {
@@ -314,11 +317,11 @@ int run_bench(const BenchOptions& o) {
         "{\"impl\": \"tapestry\", \"device\": \"%s\", \"attention\": \"%s\", \"workload\": \"%s\", \"threads\": %d, \"train_ms_median\": %.3f, \"train_ms_min\": "
         "%.3f, \"train_ms_max\": %.3f, \"tgt_tokens_per_s\": %.1f, \"train_gflops\": %.2f, \"forward_ms_median\": "
         "%.3f, \"decode_tokens_per_s\": %.1f, \"sgemm_gflops\": %.2f, \"peak_rss_mib\": %.1f, \"params\": %lld, "
-        "\"syncs_per_step\": %lld, \"launches_per_step\": %lld}\n",
+        "\"syncs_per_step\": %lld, \"launches_per_step\": %lld, \"checkpoint_activations\": %s}\n",
         o.device.c_str(), o.attention.c_str(), o.workload.c_str(), threads, step_ms, *std::min_element(train_ms.begin(), train_ms.end()),
         *std::max_element(train_ms.begin(), train_ms.end()), tok_s, train_gflops, median(fwd_ms), dec_tok_s,
         sgemm_gflops, peak_rss_mib(), static_cast<long long>(model.num_parameters()), (long long)per_step.syncs,
-        (long long)per_step.launches);
+        (long long)per_step.launches, o.checkpoint_activations ? "true" : "false");
     return 0;
   }
   std::printf("workload %s: d_model %lld, %lld+%lld layers, %lld heads, d_ff %lld, vocab %lld, batch %lldx%lldx%lld, "
@@ -326,6 +329,8 @@ int run_bench(const BenchOptions& o) {
               o.workload.c_str(), (long long)w.d_model, (long long)w.enc_layers, (long long)w.dec_layers,
               (long long)w.heads, (long long)w.d_ff, (long long)w.vocab, (long long)w.batch, (long long)w.src_len,
               (long long)w.tgt_len, (long long)model.num_parameters(), threads);
+  if (o.checkpoint_activations)
+    std::printf("activation checkpointing: each layer recomputed in backward (GFLOP/s counts no recomputation)\n");
   std::printf("train step        %8.2f ms median (min %.2f, max %.2f, %d steps)\n", step_ms,
               *std::min_element(train_ms.begin(), train_ms.end()), *std::max_element(train_ms.begin(), train_ms.end()),
               o.steps);
@@ -356,6 +361,8 @@ Subcommand add_bench(CLI::App& app) {
   bench->add_flag("--json", o->json, "one JSON object on one line");
   bench->add_flag("--profile", o->profile, "also print per-op times of the train step");
   bench->add_flag("--peak", o->peak, "measure the machine's fp32 FMA peak instead");
+  bench->add_flag("--checkpoint-activations", o->checkpoint_activations, "recompute each block during backward (less "
+                  "memory, about one more forward)");
   bench->add_option("--device", o->device, "cpu, cuda, cuda:N, or emulated (the test device: CPU kernels, GPU rules)")->check(device_flag())->capture_default_str();
   bench->add_option("--attention", o->attention,
                     "the GPU's attention kernel: gemm (cuBLAS, holds the scores), tiled (FlashAttention-style) or "

@@ -409,34 +409,43 @@ LanguageModel load_base(const std::string& dir) {
   TP_CHECK(std::filesystem::is_directory(dir), "train: --base {}: no such directory", dir);
   TP_CHECK(!file_exists(dir + "/adapter.safetensors") || file_exists(dir + "/model.safetensors"),
            "train: --base {} is a LoRA run (adapters on a base of their own): fine-tune its merged model instead "
-           "(train --resume --merge writes it to {}/merged)", dir, dir);
+           "(`tapestry train --config-file {}/config.toml --resume --merge` writes it to {}/merged)", dir, dir, dir);
   LanguageModel lm = is_hf_dir(dir) ? load_hf_language_model(dir) : load_language_model(dir);
   lm.model->train();
   return lm;
 }
 
-void copy_file(const std::string& from, const std::string& to) {
-  std::ifstream in(from, std::ios::binary);
-  TP_CHECK(in.good(), "cannot read {}", from);
-  write_file_atomic(to, std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+std::string read_whole_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TP_CHECK(in.good(), "cannot read {}", path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-// The tokenizer's files of a base (a run folder or a Hugging Face directory) into `out`, so that
-// a folder made from it stands alone: spm.model or gpt2/ as a run folder holds them, and a Hugging
-// Face model's under hf/ (where load_language_model reads them) or, with hf_layout, at the top.
-void copy_tokenizer_files(const std::string& base, const LMTokenizer& tok, const std::string& out, bool hf_layout) {
+// Files by their path relative to a folder, written there (atomically, with their folders).
+using FolderFiles = std::map<std::string, std::string>;
+void write_files(const std::string& dir, const FolderFiles& files) {
+  for (const auto& [name, bytes] : files) {
+    std::filesystem::create_directories(std::filesystem::path(dir + "/" + name).parent_path());
+    write_file_atomic(dir + "/" + name, bytes);
+  }
+}
+
+// The tokenizer's files of a base (a run folder or a Hugging Face directory), so that a folder
+// made from it stands alone: spm.model or gpt2/ as a run folder holds them, and a Hugging Face
+// model's under hf/ (where load_language_model reads them) or, with hf_layout, at the top.
+FolderFiles tokenizer_files(const std::string& base, const LMTokenizer& tok, bool hf_layout) {
+  FolderFiles files;
   const std::string kind = tok.name();
   if (kind == "sentencepiece") {
-    copy_file(base + "/spm.model", out + "/spm.model");
+    files["spm.model"] = read_whole_file(base + "/spm.model");
   } else if (kind == "gpt2") {
-    std::filesystem::create_directories(out + "/gpt2");
-    for (const char* f : {"encoder.json", "vocab.bpe"}) copy_file(base + "/gpt2/" + f, out + "/gpt2/" + f);
+    for (const char* f : {"encoder.json", "vocab.bpe"}) files[std::string("gpt2/") + f] = read_whole_file(base + "/gpt2/" + f);
   } else if (kind != "byte") {  // hf-sentencepiece, hf-bpe
-    const std::string from = is_hf_dir(base) ? base : base + "/hf", to = hf_layout ? out : out + "/hf";
-    std::filesystem::create_directories(to);
+    const std::string from = is_hf_dir(base) ? base : base + "/hf", to = hf_layout ? "" : "hf/";
     for (const char* f : {"tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
-      if (file_exists(from + "/" + f)) copy_file(from + "/" + f, to + "/" + f);
+      if (file_exists(from + "/" + f)) files[to + f] = read_whole_file(from + "/" + f);
   }
+  return files;
 }
 
 // A LoRA run's folder: the base it names, loaded and checked against the fingerprint it recorded,
@@ -499,33 +508,45 @@ LMModel base_lm_model(const std::shared_ptr<CausalLM>& model, const LMTokenizer&
 
 }  // namespace
 
-int64_t merge_lora_run(const std::string& run_dir, const std::string& out_dir) {
-  TP_CHECK(file_exists(run_dir + "/adapter.safetensors"), "merge: {} has no adapter.safetensors (not a LoRA run of "
-           "train --task lm --base DIR --lora-rank R)", run_dir);
-  const AdapterRun run = load_adapter_run(run_dir);
-  const nn::NamedTensors merged = nn::merged_state_dict(*run.lm.model);
-  // Written beside, then renamed over the old merged folder: a crash leaves the old one or none.
+namespace {
+
+// The merged model of a model with adapters (nn::merged_state_dict), in its base's own layout: a
+// Hugging Face directory (the base's config.json, Hugging Face's names) or a run folder (the
+// metadata a run of its kind writes), with the tokenizer's files. Written beside, then renamed
+// over an older one: a crash leaves the old folder or none. Returns the parameter count.
+int64_t write_merged(const CausalLM& model, const LMTokenizer& tok, const std::string& base, const std::string& out_dir) {
+  const nn::NamedTensors merged = nn::merged_state_dict(model);
   const std::string tmp = out_dir + ".tmp";
   std::filesystem::remove_all(tmp);
   std::filesystem::create_directories(tmp);
-  if (is_hf_dir(run.base)) {  // a Hugging Face directory: the base's config, Hugging Face's names
+  if (is_hf_dir(base)) {
     for (const char* f : {"config.json", "generation_config.json"})
-      if (file_exists(run.base + "/" + f)) copy_file(run.base + "/" + f, tmp + "/" + f);
+      if (file_exists(base + "/" + f)) write_file_atomic(tmp + "/" + f, read_whole_file(base + "/" + f));
     nn::NamedTensors named;
     for (const auto& [name, t] : merged) named.emplace_back(name == "lm_head.weight" ? name : "model." + name, t);
     nn::save_safetensors(tmp + "/model.safetensors", named, {{"format", "pt"}});
-    copy_tokenizer_files(run.base, *run.lm.tokenizer, tmp, true);
-  } else {  // a run folder: the base's metadata
-    auto meta = nn::load_safetensors(run.base + "/model.safetensors").metadata;
-    meta["merged_from"] = std::filesystem::absolute(run_dir).string();
+  } else {
+    // The shape of the model without its adapters is the base's: its run's metadata.
+    std::map<std::string, std::string> meta;
+    if (const auto* llama = dynamic_cast<const Llama*>(&model)) meta = llama_metadata(llama->config, tok);
+    else meta = gpt_metadata(dynamic_cast<const GPT&>(model).config, tok);
     nn::save_safetensors(tmp + "/model.safetensors", merged, meta);
-    copy_tokenizer_files(run.base, *run.lm.tokenizer, tmp, false);
   }
+  write_files(tmp, tokenizer_files(base, tok, is_hf_dir(base)));
   std::filesystem::remove_all(out_dir);
   std::filesystem::rename(tmp, out_dir);
   int64_t count = 0;
   for (const auto& [name, t] : merged) count += t.numel();
   return count;
+}
+
+}  // namespace
+
+int64_t merge_lora_run(const std::string& run_dir, const std::string& out_dir) {
+  TP_CHECK(file_exists(run_dir + "/adapter.safetensors"), "merge: {} has no adapter.safetensors (not a LoRA run of "
+           "train --task lm --base DIR --lora-rank R)", run_dir);
+  const AdapterRun run = load_adapter_run(run_dir);
+  return write_merged(*run.lm.model, *run.lm.tokenizer, run.base, out_dir);
 }
 
 LMResult train_language_model(const LMOptions& options) {
@@ -543,6 +564,9 @@ LMResult train_language_model(const LMOptions& options) {
   LanguageModel base;
   if (fine_tune) {
     base = load_base(o.base);
+    // Recorded as an absolute path (in the recipe, config.toml and adapter.safetensors): the run
+    // resumes and loads from any working directory.
+    o.base = std::filesystem::absolute(o.base).lexically_normal().string();
     o.model = dynamic_cast<Llama*>(base.model.get()) ? "llama" : "gpt";
     o.config = "base";
   } else {
@@ -557,10 +581,9 @@ LMResult train_language_model(const LMOptions& options) {
   // Data.
   const LMText text = read_lm_text(o);
   RunFolder folder(to.out_dir, to.resume, to.overwrite,
-                   {"spm.model", "spm.recipe", "gpt2", "hf", "train.ids", "val.ids", "ids.json", "config.toml"});
+                   {"spm.model", "spm.recipe", "gpt2", "hf", "merged", "train.ids", "val.ids", "ids.json", "config.toml"});
   manual_seed(to.seed);
   const std::unique_ptr<LMTokenizer> tok = fine_tune ? std::move(base.tokenizer) : make_lm_tokenizer(o, text);
-  if (fine_tune && dist::is_main()) copy_tokenizer_files(o.base, *tok, to.out_dir, false);
   const Stream train = encode_stream(*tok, text.train), val = encode_stream(*tok, text.val);
   TP_CHECK(static_cast<int64_t>(train.ids.size()) > o.block, "train: {} gives {} tokens, fewer than one window of "
            "--block {} + 1", text.train_path, train.ids.size(), o.block);
@@ -587,7 +610,7 @@ LMResult train_language_model(const LMOptions& options) {
                      {"adapter", "lora"},
                      {"model", o.model},
                      {"tokenizer", tok->name()},
-                     {"base", std::filesystem::absolute(o.base).lexically_normal().string()},
+                     {"base", o.base},
                      {"base_fingerprint", base_fingerprint},
                      {"lora_rank", std::to_string(o.lora_rank)},
                      {"lora_alpha", fmt::format("{}", o.lora_alpha)},
@@ -619,6 +642,7 @@ LMResult train_language_model(const LMOptions& options) {
   if (lora) to.recipe["base_fingerprint"] = base_fingerprint;
   to.recipe_defaults = {{"model", "gpt"}};  // checkpoints from before the Llama hold GPTs
   to.run_files = {{"config.toml", config_toml}};
+  if (fine_tune) to.run_files.merge(tokenizer_files(o.base, *tok, false));  // the folder stands alone
   to.model_metadata = made.metadata;
   to.curves_title = fmt::format("{} on {} ({} tokens)", what, text.train_path, tok->name());
 
@@ -635,8 +659,9 @@ LMResult train_language_model(const LMOptions& options) {
   const FitResult fit = trainer.fit(data);
   LMResult result = lm_result(fit, model, train, val, seconds_since(start));
   if (o.merge && !fit.stopped && !fit.interrupted && dist::is_main()) {
+    // From the model in memory, which holds what adapter.safetensors does (no base loaded again).
     const std::string merged_dir = to.out_dir + "/merged";
-    const int64_t n = merge_lora_run(to.out_dir, merged_dir);
+    const int64_t n = write_merged(model, *tok, o.base, merged_dir);
     std::printf("merged: the base with the adapters added in (%lld parameters) in %s; `tapestry generate %s %s`\n",
                 (long long)n, merged_dir.c_str(), is_hf_dir(o.base) ? "--hf" : "--checkpoint", merged_dir.c_str());
     std::fflush(stdout);

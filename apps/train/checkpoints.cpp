@@ -68,7 +68,8 @@ std::string Checkpoints::weights_path(const std::string& suffix) const {
   return fmt::format("{}/{}{}.safetensors", o_.out_dir, o_.trainable_only ? "adapter" : "model", suffix);
 }
 
-void Checkpoints::load_saved_state(const std::map<std::string, Tensor>& state, const std::string& from) {
+void Checkpoints::load_saved_state(const std::map<std::string, Tensor>& state, const std::string& from,
+                                   const char* what) {
   if (!o_.trainable_only) {
     model_.load_state_dict(state);
     return;
@@ -80,15 +81,15 @@ void Checkpoints::load_saved_state(const std::map<std::string, Tensor>& state, c
   for (const auto& [name, t] : state)
     if (std::none_of(expected.begin(), expected.end(), [&](const auto& e) { return e.first == name; }))
       unexpected.push_back(name);
-  TP_CHECK(missing.empty() && unexpected.empty(), "resume: {} holds other trainable tensors than this run's (missing: "
-           "{}; unexpected: {}); resume with the options of its config.toml", from, fmt::join(missing, ", "),
+  TP_CHECK(missing.empty() && unexpected.empty(), "{}: {} holds other trainable tensors than this run's (missing: "
+           "{}; unexpected: {}); resume with the options of its config.toml", what, from, fmt::join(missing, ", "),
            fmt::join(unexpected, ", "));
   model_.load_state_dict(state, false);
 }
 
 void Checkpoints::save(int64_t step, int64_t epoch, int64_t next_batch, double loss_sum, int64_t tokens) {
   if (!dist::is_main()) return;  // every rank holds the same weights; rank 0 writes them
-  TP_CHECK(std::isfinite(optim::global_norm(model_.parameters())), "train: the weights are not finite after step {}; "
+  TP_CHECK(std::isfinite(optim::global_norm(o_.trainable_only ? model_.trainable_parameters() : model_.parameters())), "train: the weights are not finite after step {}; "
            "nothing was saved (the last checkpoint is intact). Lower --lr-factor or set --clip-norm", step);
   nn::NamedTensors state;
   for (auto& [name, t] : saved_state()) state.emplace_back("model." + name, t);
@@ -136,10 +137,14 @@ ResumePoint Checkpoints::load(int64_t& step, FitResult& result) {
     } else {
       continue;
     }
+    // A base model that changed under a fine-tuning run is no option the user can set back.
+    TP_CHECK(recorded == value || key != "base_fingerprint", "resume: {} fine-tuned a base model whose fingerprint "
+             "was {}; its base now has {}: it changed since, and the run goes on from the model it began with only",
+             from, recorded, value);
     TP_CHECK(recorded == value, "resume: {} was trained with {} = {}, but this run has {} = {}; resume with the "
              "options of its config.toml", from, key, recorded, key, value);
   }
-  load_saved_state(model_state, from);
+  load_saved_state(model_state, from, "resume");
   optimizer_.load_state_dict(opt_state);
   step = meta_number<int64_t>(file.metadata, from, "step");
   TP_CHECK(optimizer_.step_count() == step, "resume: {} is at step {} but {} at step {}; the checkpoint is torn",
@@ -202,7 +207,7 @@ void Checkpoints::average(FitResult& result) {
     if (std::ifstream(p).good()) paths.push_back(p);
   }
   if (paths.size() < 2) return;
-  load_saved_state(average_checkpoints(paths), paths.back());
+  load_saved_state(average_checkpoints(paths), paths.back(), "average");
   nn::save_safetensors(weights_path(".avg"), saved_state(),
                        with(o_.model_metadata, {{"averaged", std::to_string(paths.size())}}));
   result.averaged = static_cast<int64_t>(paths.size());

@@ -35,7 +35,7 @@ class Checkpoints {
   // and loading such a state (which must name exactly those tensors).
   nn::NamedTensors saved_state() const;
   std::string weights_path(const std::string& suffix) const;
-  void load_saved_state(const std::map<std::string, Tensor>& state, const std::string& from);
+  void load_saved_state(const std::map<std::string, Tensor>& state, const std::string& from, const char* what);
   nn::Module& model_;
   optim::Optimizer& optimizer_;
   const TrainerOptions& o_;

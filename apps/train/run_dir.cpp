@@ -58,7 +58,7 @@ void RunFolder::prepare(bool resume, bool overwrite, const std::vector<std::stri
   TP_CHECK(overwrite, "train: {} already holds a run; pass --resume to continue it, or --overwrite to start over "
            "(which deletes its checkpoints)", dir);
   std::error_code ec;
-  for (const auto& f : files) std::filesystem::remove(dir + "/" + f, ec);
+  for (const auto& f : files) std::filesystem::remove_all(dir + "/" + f, ec);  // a task's folders too (gpt2/, hf/)
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind("model.epoch", 0) == 0 || name.rfind("adapter.epoch", 0) == 0) std::filesystem::remove(entry.path(), ec);

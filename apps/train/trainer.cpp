@@ -53,6 +53,10 @@ OptionTable trainer_options(TrainerOptions& o) {
   t.add("on-nan", o.on_nan, "a non-finite loss or gradient norm: stop (nothing saved) or skip the step")
       .one_of({"stop", "skip"})
       .this_run_only();
+  t.add("checkpoint-activations", o.checkpoint_activations, "recompute each block's forward during backward instead "
+        "of keeping its activations: less memory for about one more forward of compute, the same gradients (to the bit; "
+        "the translation Transformer's encoder: to rounding)")
+      .this_run_only();
   t.add("eval-every", o.eval_every, "also evaluate every N steps (0: after each epoch only)").at_least(0);
   t.add("no-progress", o.progress, "no progress line on stderr").this_run_only().clears = true;
   t.add("step-log", o.step_log, "append a TSV line per optimizer step: step, epoch, loss, tokens, lr, gradient norm")
@@ -86,6 +90,10 @@ Trainer::Trainer(nn::Module& model, optim::Optimizer& optimizer, const optim::Sc
                  TrainerOptions options)
     : model_(model), optimizer_(optimizer), schedule_(schedule), o_(std::move(options)) {
   check_options(o_);
+  // Averaging adapters averages A and B apart, and avg(B) avg(A) is no epoch's update.
+  TP_CHECK(!o_.trainable_only || o_.average <= 1, "train: averaging the epoch copies of adapters (average {}) is not "
+           "averaging their updates; set average to 0", o_.average);
+  if (o_.checkpoint_activations) model_.set_checkpointing(true);
   checkpoints_ = std::make_unique<Checkpoints>(model_, optimizer_, o_);
   progress_ = std::make_unique<Progress>(o_);
 }
@@ -223,7 +231,10 @@ FitResult Trainer::fit(DataSource& data) {
   if (saving) {
     stop_signals = std::make_unique<StopSignals>();
     if (dist::is_main())
-      for (const auto& [name, contents] : o_.run_files) write_file_atomic(o_.out_dir + "/" + name, contents);
+      for (const auto& [name, contents] : o_.run_files) {
+        std::filesystem::create_directories(std::filesystem::path(o_.out_dir + "/" + name).parent_path());
+        write_file_atomic(o_.out_dir + "/" + name, contents);
+      }
   }
   double train_seconds = 0;  // the epochs' training, without their evaluations
   for (int64_t epoch = start.epoch; epoch <= o_.epochs; ++epoch) {

@@ -1,5 +1,11 @@
 // CPU kernel of the fused log-softmax + label-smoothed cross-entropy (see kernels.h). Rows are
 // independent; the loss is summed in a fixed order afterwards (Note [Deterministic reductions]).
+//
+// Note [Row statistics]: each row's log-sum-exp is kept as two numbers, its max and the log of
+// sum(exp(x - max)), [N, 2] (the fused attention keeps its rows' the same way), and every log
+// probability is formed as (x - max) - log_sum. Adding them first, x - (max + log_sum), rounds
+// the log-sum away at large magnitudes: float64 [1e300, 1e300] would give log p = 0, not -log 2,
+// and float32 logits near 1e4 lose 2.4e-4. The CUDA kernels (ops/cuda/loss.cu) do the same.
 #include <cmath>
 
 #include "tapestry/ops/cpu/loops.h"
@@ -28,7 +34,7 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
   Tensor logits = contiguous(logits_in), target = contiguous(target_in);
   const int64_t N = logits.size(0), V = logits.size(1);
   Smoothing q = smoothing_for(eps, V, ignore_index);
-  CrossEntropyOut out{Tensor(), empty({N}, logits.options()), Tensor()};
+  CrossEntropyOut out{Tensor(), empty({N, 2}, logits.options()), Tensor()};  // lse: Note [Row statistics]
   std::vector<double> row_loss(static_cast<size_t>(N), 0.0);
   const int64_t* pt = target.data_ptr<int64_t>();
   dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
@@ -42,7 +48,7 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
 #pragma omp simd reduction(max : mx)
         for (int64_t j = 1; j < V; ++j) mx = std::max(mx, x[j]);
         // Sums in T over chunks (vectorized lanes), chunks added in double: a float lane then
-        // adds at most 1024 / width terms. sum_x is only needed with smoothing.
+        // adds at most 1024 / width terms. sum_x (of x - max) is only needed with smoothing.
         double se = 0, sum_x = 0;
         constexpr int64_t kChunk = 1024;
         for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
@@ -52,26 +58,28 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
           for (int64_t j = j0; j < j1; ++j) chunk_se += vexp(x[j] - mx);
           if (q.other > 0) {
 #pragma omp simd reduction(+ : chunk_x)
-            for (int64_t j = j0; j < j1; ++j) chunk_x += x[j];
+            for (int64_t j = j0; j < j1; ++j) chunk_x += x[j] - mx;
           }
           se += chunk_se, sum_x += chunk_x;
         }
-        double lse = mx + std::log(se);
-        plse[r] = static_cast<T>(lse);
+        const double log_se = std::log(se);
+        plse[2 * r] = mx;
+        plse[2 * r + 1] = static_cast<T>(log_se);
         if (pt[r] == ignore_index) continue;
-        // -sum_j q_j (x_j - lse) with q = other everywhere, then corrected at gold and skip.
-        // Classes with q_j = 0 contribute nothing even at x_j = -inf (0 log 0 = 0): when eps is
-        // 0 they are never summed, and when a masked (-inf) logit makes the shortcut's sum
-        // non-finite, the row is summed again class by class.
-        double gold_lp = x[pt[r]] - lse;
+        // log p_j = (x_j - max) - log_se. -sum_j q_j log p_j with q = other everywhere, then
+        // corrected at gold and skip. Classes with q_j = 0 contribute nothing even at x_j = -inf
+        // (0 log 0 = 0): when eps is 0 they are never summed, and when a masked (-inf) logit
+        // makes the shortcut's sum non-finite, the row is summed again class by class.
+        auto log_p = [&](int64_t j) { return (static_cast<double>(x[j]) - static_cast<double>(mx)) - log_se; };
+        double gold_lp = log_p(pt[r]);
         double other_lp = 0;
         if (q.other > 0) {
-          double skip_lp = q.skip >= 0 ? x[q.skip] - lse : 0.0;
-          other_lp = sum_x - static_cast<double>(V) * lse - gold_lp - skip_lp;
+          double skip_lp = q.skip >= 0 ? log_p(q.skip) : 0.0;
+          other_lp = sum_x - static_cast<double>(V) * log_se - gold_lp - skip_lp;
           if (!std::isfinite(other_lp)) {
             other_lp = 0;
             for (int64_t j = 0; j < V; ++j)
-              if (j != pt[r] && j != q.skip) other_lp += x[j] - lse;
+              if (j != pt[r] && j != q.skip) other_lp += log_p(j);
           }
         }
         row_loss[static_cast<size_t>(r)] = -(q.gold * gold_lp + (q.other > 0 ? q.other * other_lp : 0.0));
@@ -117,9 +125,9 @@ Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, 
           continue;
         }
         const T* x = px + r * V;
-        const T l = plse[r];
+        const T mx = plse[2 * r], log_se = plse[2 * r + 1];
 #pragma omp simd
-        for (int64_t j = 0; j < V; ++j) g[j] = (q_total * vexp(x[j] - l) - q_other) * s;
+        for (int64_t j = 0; j < V; ++j) g[j] = (q_total * vexp((x[j] - mx) - log_se) - q_other) * s;
         g[pt[r]] -= static_cast<T>(q.gold - q.other) * s;
         if (q.skip >= 0) g[q.skip] += q_other * s;
       }

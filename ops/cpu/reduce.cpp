@@ -291,8 +291,10 @@ Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {
                        for (int64_t i = 0; i < n; ++i) sum += vexp(x[i * s] - mx);
                      }
                      if (log) {
-                       T lse = mx + static_cast<T>(std::log(sum));
-                       for (int64_t i = 0; i < n; ++i) y[i * s] = x[i * s] - lse;
+                       // (x - max) - log(sum), never x - (max + log(sum)): max + log(sum) rounds
+                       // away the log-sum at large magnitudes (1e300 + log 2 == 1e300).
+                       const T log_sum = static_cast<T>(std::log(sum));
+                       for (int64_t i = 0; i < n; ++i) y[i * s] = (x[i * s] - mx) - log_sum;
                      } else {
                        T inv = static_cast<T>(1.0 / sum);
                        if (s == 1) {

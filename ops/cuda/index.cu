@@ -127,6 +127,7 @@ __global__ void scatter_kernel(StridedIndexer<3> ix, T* out, const T* src, const
 }
 
 void check_gather_shapes(const char* op, const Shape& a, int64_t dim, const Tensor& index) {
+  if (index.numel() == 0) return;  // an empty index reads and writes nothing (PyTorch's gather checks no shapes then)
   TP_CHECK(index.dim() == static_cast<int64_t>(a.size()),
            "{}: index of shape {} must have as many dims as the input {}", op, index.sizes(), a);
   for (int64_t d = 0; d < index.dim(); ++d)

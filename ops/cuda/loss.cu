@@ -4,7 +4,8 @@
 //
 // Design. Forward: one group of threads per row of logits [N, V] (a warp up to a block, chosen
 // from V, as in ops/cuda/reduce.cu) finds the row's max, its sum of exp (vexp, as the CPU) and,
-// with smoothing, its sum of logits, all accumulated in double; it writes the row's lse, loss and
+// with smoothing, its sum of x - max, all accumulated in double; it writes the row's lse (max and
+// log sum: Note [Row statistics] in ops/cpu/loss.cpp), loss and
 // whether it counts. One block then adds the rows' losses and counts in a fixed order, so the
 // loss is the same from run to run. Backward is elementwise over [N, V]: it needs only the
 // logits and each row's lse. Targets are checked on the device, never copied to the host: a
@@ -45,25 +46,27 @@ __global__ void cross_entropy_kernel(const T* logits, const int64_t* target, T* 
     if (valid)
       for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = MaxOp<T>{}(mx, x[j]);
     mx = group_reduce(mx, MaxOp<T>{});
-    double sum_exp = 0, sum_x = 0;  // sum_x is only needed with smoothing
+    double sum_exp = 0, sum_x = 0;  // sum_x (of x - max) is only needed with smoothing
     if (valid)
       for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
         sum_exp += vexp(x[j] - mx);
-        if (q.other > 0) sum_x += x[j];
+        if (q.other > 0) sum_x += static_cast<double>(x[j]) - static_cast<double>(mx);
       }
     sum_exp = group_reduce(sum_exp, SumOp<double>{});
     sum_x = group_reduce(sum_x, SumOp<double>{});
-    const double lse = static_cast<double>(mx) + math::log(sum_exp);
+    // log p_j = (x_j - max) - log_se, never x_j - (max + log_se) (Note [Row statistics] in ops/cpu/loss.cpp).
+    const double log_se = math::log(sum_exp);
+    auto log_p = [&](int64_t j) { return (static_cast<double>(x[j]) - static_cast<double>(mx)) - log_se; };
 
     const int64_t t = valid ? target[row] : ignore_index;
     const bool counted = valid && t != ignore_index && t >= 0 && t < V;
-    // -sum_j q_j (x_j - lse) with q = other everywhere, then corrected at gold and skip.
+    // -sum_j q_j log p_j with q = other everywhere, then corrected at gold and skip.
     double gold_lp = 0, other_lp = 0;
     if (counted) {
-      gold_lp = x[t] - lse;
+      gold_lp = log_p(t);
       if (q.other > 0) {
-        const double skip_lp = q.skip >= 0 ? x[q.skip] - lse : 0.0;
-        other_lp = sum_x - static_cast<double>(V) * lse - gold_lp - skip_lp;
+        const double skip_lp = q.skip >= 0 ? log_p(q.skip) : 0.0;
+        other_lp = sum_x - static_cast<double>(V) * log_se - gold_lp - skip_lp;
       }
     }
     // Classes with q_j = 0 contribute nothing even at x_j = -inf (0 log 0 = 0): when a masked
@@ -73,12 +76,13 @@ __global__ void cross_entropy_kernel(const T* logits, const int64_t* target, T* 
     double resummed = 0;
     if (resum)
       for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
-        if (j != t && j != q.skip) resummed += x[j] - lse;
+        if (j != t && j != q.skip) resummed += log_p(j);
     resummed = group_reduce(resummed, SumOp<double>{});
     if (resum) other_lp = resummed;
 
     if (!valid || threadIdx.x != 0) continue;
-    lse_out[row] = static_cast<T>(lse);
+    lse_out[2 * row] = mx;
+    lse_out[2 * row + 1] = static_cast<T>(log_se);
     if (t != ignore_index && !counted) report_error(flag, kTargetOutOfRange, opid, t, V);
     row_loss[row] = counted ? -(q.gold * gold_lp + (q.other > 0 ? q.other * other_lp : 0.0)) : 0.0;
     row_counted[row] = counted ? 1 : 0;
@@ -124,7 +128,7 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* ta
       grad[i] = T(0);
       continue;
     }
-    T g = (q_total * vexp(logits[i] - lse[r]) - q_other) * s;
+    T g = (q_total * vexp((logits[i] - lse[2 * r]) - lse[2 * r + 1]) - q_other) * s;
     if (j == t) g -= gold_extra * s;
     if (j == q.skip) g += q_other * s;
     grad[i] = g;
@@ -139,7 +143,7 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
   const int64_t N = logits_in.size(0), V = logits_in.size(1);
   const Device device = logits_in.device();
   const Smoothing q = smoothing_for(eps, V, ignore_index);
-  CrossEntropyOut out{empty_on({}, logits_in.dtype(), device), empty_on({N}, logits_in.dtype(), device),
+  CrossEntropyOut out{empty_on({}, logits_in.dtype(), device), empty_on({N, 2}, logits_in.dtype(), device),
                       empty_on({}, logits_in.dtype(), device)};
   dispatch_floating(logits_in.dtype(), "cross_entropy", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -170,8 +174,8 @@ Tensor cross_entropy_backward(const Tensor& logits_in, const Tensor& target_in, 
                               int64_t ignore_index, const Tensor& scale) {
   // The CPU trusts its caller here; on the GPU a mismatch would read out of bounds.
   const int64_t N = logits_in.size(0), V = logits_in.size(1);
-  TP_CHECK(lse_in.numel() == N && lse_in.dtype() == logits_in.dtype(),
-           "cross_entropy_backward: lse must be {} [{}] to match logits {}, got {} {}", logits_in.dtype(), N,
+  TP_CHECK(lse_in.numel() == 2 * N && lse_in.dtype() == logits_in.dtype(),
+           "cross_entropy_backward: lse must be {} [{}, 2] to match logits {}, got {} {}", logits_in.dtype(), N,
            logits_in.sizes(), lse_in.dtype(), lse_in.sizes());
   const Smoothing q = smoothing_for(eps, V, ignore_index);
   Tensor grad = empty_on({N, V}, logits_in.dtype(), logits_in.device());  // [N, V]

@@ -333,8 +333,9 @@ __global__ void softmax_kernel(const T* x, T* y, DimSplit rv, bool log) {
     if (!valid) continue;
     T* yr = y + base;
     if (log) {
-      const T lse = mx + static_cast<T>(math::log(sum));
-      for (int64_t i = threadIdx.x; i < rv.n; i += blockDim.x) yr[i * s] = xr[i * s] - lse;
+      // (x - max) - log(sum), as the CPU kernel: max + log(sum) would round the log-sum away.
+      const T log_sum = static_cast<T>(math::log(sum));
+      for (int64_t i = threadIdx.x; i < rv.n; i += blockDim.x) yr[i * s] = (xr[i * s] - mx) - log_sum;
     } else {
       const T inv = static_cast<T>(1.0 / sum);
       for (int64_t i = threadIdx.x; i < rv.n; i += blockDim.x) yr[i * s] = vexp(xr[i * s] - mx) * inv;

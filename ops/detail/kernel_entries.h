@@ -73,7 +73,7 @@ TP_KERNEL(Tensor, scatter, (const Shape& shape, int64_t dim, const Tensor& index
 // Label-smoothed cross-entropy of logits [N, V] against int64 targets [N], fused with the
 // log-softmax: the target distribution q puts 1 - smoothing on the gold class, 0 on ignore_index
 // (when it is a class) and spreads smoothing evenly over the remaining classes; rows whose
-// target is ignore_index carry no loss. Returns the loss (summed, or its mean), each row's log-sum-exp (all
+// target is ignore_index carry no loss. Returns the loss (summed, or its mean), each row's log-sum-exp as [max, log sum] (all
 // that backward needs besides the logits) and the scale of a sum (1) or a mean (see CrossEntropyOut).
 TP_KERNEL(CrossEntropyOut, cross_entropy,
           (const Tensor& logits, const Tensor& target, double smoothing, int64_t ignore_index, bool mean),

@@ -26,7 +26,8 @@ bool is_comparison(Binary kind);
 
 struct LayerNormOut { Tensor y, mean, rstd; };
 struct LayerNormGrads { Tensor dx, dweight, dbias; };
-// loss: 0-d, the summed loss times scale; lse: one log-sum-exp per row; scale: 0-d (the logits'
+// loss: 0-d, the summed loss times scale; lse: [N, 2], each row's max and log of sum(exp(x - max))
+// (Note [Row statistics] in ops/cpu/loss.cpp); scale: 0-d (the logits'
 // dtype), 1 for a sum, 1 / the counted rows for a mean (0 when no row counts). All on the logits'
 // device: nothing comes back to the host (Note [Syncs] in ops/runtime.h).
 struct CrossEntropyOut { Tensor loss, lse, scale; };

@@ -8,18 +8,6 @@ namespace tapestry {
 
 namespace {
 
-// Grad mode on for a scope (backward runs with it off), restored after.
-class EnableGradGuard {
- public:
-  EnableGradGuard() : prev_(GradMode::is_enabled()) { GradMode::set_enabled(true); }
-  ~EnableGradGuard() { GradMode::set_enabled(prev_); }
-  EnableGradGuard(const EnableGradGuard&) = delete;
-  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
-
- private:
-  bool prev_;
-};
-
 // Puts a generator back in the state it had, on every exit.
 class GeneratorStateGuard {
  public:

@@ -10,15 +10,27 @@ class GradMode {
   static void set_enabled(bool on);
 };
 
-class NoGradGuard {
+// Sets grad mode for a scope and restores the previous mode after.
+class GradModeGuard {
  public:
-  NoGradGuard() : prev_(GradMode::is_enabled()) { GradMode::set_enabled(false); }
-  ~NoGradGuard() { GradMode::set_enabled(prev_); }
-  NoGradGuard(const NoGradGuard&) = delete;
-  NoGradGuard& operator=(const NoGradGuard&) = delete;
+  explicit GradModeGuard(bool on) : prev_(GradMode::is_enabled()) { GradMode::set_enabled(on); }
+  ~GradModeGuard() { GradMode::set_enabled(prev_); }
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
 
  private:
   bool prev_;
+};
+
+// torch.no_grad() and torch.enable_grad() (the second for code that runs inside backward, as a
+// checkpoint's recomputation).
+class NoGradGuard : public GradModeGuard {
+ public:
+  NoGradGuard() : GradModeGuard(false) {}
+};
+class EnableGradGuard : public GradModeGuard {
+ public:
+  EnableGradGuard() : GradModeGuard(true) {}
 };
 
 }  // namespace tapestry

@@ -1,7 +1,7 @@
 // A run folder's checkpoints (see checkpoints.h).
 #include "apps/train/checkpoints.h"
 
-#include <algorithm>
+#include <set>
 #include <cstdio>
 #include <fstream>
 
@@ -75,12 +75,13 @@ void Checkpoints::load_saved_state(const std::map<std::string, Tensor>& state, c
     return;
   }
   std::vector<std::string> missing, unexpected;
-  const nn::NamedTensors expected = saved_state();
-  for (const auto& [name, t] : expected)
+  std::set<std::string> expected;
+  for (const auto& [name, t] : saved_state()) {
+    expected.insert(name);
     if (!state.count(name)) missing.push_back(name);
+  }
   for (const auto& [name, t] : state)
-    if (std::none_of(expected.begin(), expected.end(), [&](const auto& e) { return e.first == name; }))
-      unexpected.push_back(name);
+    if (!expected.count(name)) unexpected.push_back(name);
   TP_CHECK(missing.empty() && unexpected.empty(), "{}: {} holds other trainable tensors than this run's (missing: "
            "{}; unexpected: {}); resume with the options of its config.toml", what, from, fmt::join(missing, ", "),
            fmt::join(unexpected, ", "));

@@ -75,6 +75,12 @@ void check_identical(nn::Module& model, const std::function<Tensor()>& loss, int
   }
 }
 
+// check_identical for a 2-block language model of 30 tokens and 12 positions, on one batch.
+void check_language_model(models::CausalLM& model) {
+  Tensor ids = randint(0, 30, {3, 12}), targets = randint(0, 30, {3, 12});
+  check_identical(model, [&] { return model.loss(ids, targets); }, 2);
+}
+
 }  // namespace
 
 TEST_CASE("checkpoint: a composite's gradients, gradcheck, inputs that need none, no grad mode") {
@@ -117,16 +123,14 @@ TEST_CASE("checkpointing the zoo: the same loss and every gradient to the bit, d
     c.block_size = 12, c.dropout = 0.2;
     manual_seed(2);
     models::GPT model(c);
-    Tensor ids = randint(0, 30, {3, 12}), targets = randint(0, 30, {3, 12});
-    check_identical(model, [&] { return model.loss(ids, targets); }, 2);
+    check_language_model(model);
   }
   SUBCASE("Llama") {
     models::LlamaConfig c = models::LlamaConfig::named("tiny", 30);
     c.max_positions = 12, c.dropout = 0.2;
     manual_seed(3);
     models::Llama model(c);
-    Tensor ids = randint(0, 30, {3, 12}), targets = randint(0, 30, {3, 12});
-    check_identical(model, [&] { return model.loss(ids, targets); }, 2);
+    check_language_model(model);
   }
   SUBCASE("ViT (nn::TransformerEncoder)") {
     models::ViTConfig c = models::ViTConfig::named("tiny");

@@ -21,6 +21,7 @@
 #include "tapestry/nn/lora.h"
 #include "tapestry/nn/module.h"
 #include "tapestry/nn/safetensors.h"
+#include "tapestry/ops/autocast.h"
 #include "tapestry/ops/cuda.h"
 #include "tapestry/ops/factory.h"
 #include "tapestry/ops/file.h"

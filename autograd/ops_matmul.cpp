@@ -1,10 +1,24 @@
 // matmul with torch.matmul's rules: 1-D operands are promoted to matrices (and the added dim
 // removed from the result), batch dims broadcast. The kernel reads transposed and strided
-// operands in place, so the backward's transposes cost no copies.
+// operands in place, so the backward's transposes cost no copies. Under an AutocastGuard
+// (ops/autocast.h) the backward multiplies at the forward's precision, as PyTorch's bf16 autocast
+// does (its saved operands are bfloat16), wherever the backward runs.
 #include "tapestry/autograd/functions.h"
+#include "tapestry/ops/autocast.h"
 #include "tapestry/ops/detail/kernels.h"
 
 namespace tapestry {
+
+namespace {
+// The matmul precision for this op's inputs: autocast's, for float32 CPU tensors.
+Precision matmul_precision(const char* op, const Tensor& a) {
+  Precision p = autocast_precision();
+  if (p == Precision::Float32 || a.dtype() != DType::Float32) return Precision::Float32;
+  TP_CHECK(!a.device().is_cuda(), "{}: autocast to bfloat16 runs on the CPU only (a {} tensor on {})", op,
+           a.dtype(), a.device());
+  return p;
+}
+}  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   TP_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dim, got shapes {} and {}",
@@ -17,12 +31,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     if (a.dim() == 1) out = squeeze(out, a.dim() == 1 && b.dim() == 1 ? -1 : -2);
     return out;
   }
+  const Precision prec = matmul_precision("matmul", a);
   Tensor out = kernels::matmul(a, b);
   if (!any_requires_grad({a, b})) return out;
   bool need_a = a.requires_grad(), need_b = b.requires_grad();
   SavedTensor sa(need_b ? a : Tensor(), "MmBackward"), sb(need_a ? b : Tensor(), "MmBackward");
   // dA = g @ B^T, dB = A^T @ g (the engine sums broadcast batch dims back)
-  return record("MmBackward", out, {a, b}, [sa, sb, need_a, need_b](const Tensor& g) {
+  return record("MmBackward", out, {a, b}, [sa, sb, need_a, need_b, prec](const Tensor& g) {
+    AutocastGuard at(prec);
     return TensorList{need_a ? kernels::matmul(g, transpose(sb.get(), -1, -2)) : Tensor(),
                       need_b ? kernels::matmul(transpose(sa.get(), -1, -2), g) : Tensor()};
   });
@@ -51,6 +67,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     Tensor y = sum(mul(unsqueeze(x, -2), w), {-1});
     return b.defined() ? add(y, b) : y;
   }
+  const Precision prec = matmul_precision("linear", x);
   Tensor x2 = rows_of(x, in_f);                                   // (N, in)
   Tensor wt = raw_view(w, {in_f, out_f}, {w.stride(1), w.stride(0)});  // (in, out), read transposed
   Tensor y = kernels::matmul(x2, wt);                            // (N, out), fresh
@@ -63,6 +80,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   SavedTensor sx(need_w ? x2 : Tensor(), "LinearBackward"), sw(need_x ? w : Tensor(), "LinearBackward");
   Shape x_shape = x.sizes();
   return record("LinearBackward", y, {x, w, b}, [=](const Tensor& g) {
+    AutocastGuard at(prec);
     Tensor g2 = rows_of(g, out_f);  // (N, out)
     TensorList grads(3);
     if (need_x) grads[0] = raw_view(kernels::matmul(g2, sw.get()), x_shape, contiguous_strides(x_shape));

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tapestry/ops/autocast.h"
 #include "tapestry/ops/factory.h"
 #include "tapestry/ops/file.h"
 #include "tapestry/ops/detail/kernels.h"
@@ -42,14 +43,6 @@ bool parse_dtype(const std::string& s, Stored& out) {
   else if (s == "F16") out = {DType::Float32, 2, Stored::Half::F16};
   else return false;
   return true;
-}
-
-// bfloat16 is the top half of a float32: exact.
-float bf16_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
 }
 
 // IEEE binary16 to float32, exact: subnormals, infinities and NaN (payload kept) included.

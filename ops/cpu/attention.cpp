@@ -14,13 +14,12 @@
 // Dropout on the probabilities uses kernels::dropout's counter hash over the flat index of the
 // [BH, Tq, Tk] probabilities, so it equals dropout(softmax(scores)) with the same seed, and the
 // backward regenerates the mask instead of storing it.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "tapestry/ops/cpu/gemm.h"
 #include "tapestry/ops/cpu/loops.h"
 #include "tapestry/ops/factory.h"
 #include "tapestry/ops/detail/backend.h"
@@ -32,20 +31,6 @@ namespace {
 
 constexpr int64_t kRows = 64;   // query rows per block
 constexpr int64_t kCols = 128;  // keys per block
-
-// C = alpha op(A) op(B) + beta C, row-major; lda etc. are row strides.
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-              beta, c, static_cast<int>(ldc));
-}
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
-                 const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-              beta, c, static_cast<int>(ldc));
-}
 
 // kernels::dropout's mask (dropout_keeps) over the flat index of the [BH, Tq, Tk] probabilities.
 struct DropoutMask {

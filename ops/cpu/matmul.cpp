@@ -1,28 +1,15 @@
-// CPU matmul through OpenBLAS: 2-D and batched (leading dims broadcast). Strided operands are
-// passed to cblas_?gemm as transposes and leading dimensions; only a layout that no gemm call
-// can read (e.g. both strides > 1) is copied first.
-#include <cblas.h>
-
+// CPU matmul (ops/cpu/gemm.h): 2-D and batched (leading dims broadcast). Strided operands are
+// passed to the gemm as transposes and leading dimensions; only a layout that no gemm call can
+// read (e.g. both strides > 1) is copied first. Under an AutocastGuard (ops/autocast.h) float32
+// operands multiply in bfloat16.
+#include "tapestry/ops/autocast.h"
+#include "tapestry/ops/cpu/gemm.h"
 #include "tapestry/ops/cpu/loops.h"
 #include "tapestry/ops/factory.h"
 #include "tapestry/ops/detail/backend.h"
 #include "tapestry/ops/profile.h"
 
 namespace tapestry::kernels::cpu {
-
-namespace {
-
-template <class T>
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
-          int64_t ldc) {
-  auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
-  else
-    cblas_dgemm(CblasRowMajor, opa, opb, M, N, K, 1.0, A, lda, B, ldb, 0.0, C, ldc);
-}
-
-}  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   TP_PROFILE("matmul");
@@ -67,14 +54,19 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   };
   std::vector<int64_t> off_a = batch_offsets(a), off_b = batch_offsets(b);
 
+  const bool bf16 = a.dtype() == DType::Float32 && autocast_precision() == Precision::BFloat16;
   dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* pa = a.data_ptr<T>();
     const T* pb = b.data_ptr<T>();
     T* pc = out.data_ptr<T>();
     auto one = [&](int64_t i) {
-      gemm<T>(la.trans, lb.trans, M, N, K, pa + off_a[static_cast<size_t>(i)], la.ld, pb + off_b[static_cast<size_t>(i)],
-              lb.ld, pc + i * M * N, N);
+      const T* ai = pa + off_a[static_cast<size_t>(i)];
+      const T* bi = pb + off_b[static_cast<size_t>(i)];
+      if constexpr (std::is_same_v<T, float>) {
+        if (bf16) return gemm_bf16(la.trans, lb.trans, M, N, K, ai, la.ld, bi, lb.ld, pc + i * M * N, N);
+      }
+      gemm(la.trans, lb.trans, M, N, K, T(1), ai, la.ld, bi, lb.ld, T(0), pc + i * M * N, N);
     };
     // Many small matrices: one gemm per thread (OpenBLAS runs single-threaded inside a parallel
     // region). Few large ones: one at a time, each using all threads.

@@ -10,6 +10,7 @@
 // the rounding (to nearest, ties to even, NaN kept NaN), tested on every machine.
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace tapestry {
@@ -35,9 +36,21 @@ class AutocastGuard {
   Precision prev_;
 };
 
-// float32 -> bfloat16 bits, round to nearest even; a NaN stays a (quiet) NaN.
-uint16_t bf16_round(float x);
-float bf16_to_float(uint16_t bits);
+// float32 -> bfloat16 bits, round to nearest even; a NaN stays a (quiet) NaN. Inline and
+// branch-free so that the gemm's conversion loop vectorizes.
+inline uint16_t bf16_round(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // half to even on the 16 bits dropped
+  const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+inline float bf16_to_float(uint16_t bits) {  // exact: bfloat16 is a float32's top half
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 // The library behind float32 gemms on the CPU: "onednn" or "openblas" (TAPESTRY_GEMM picks one
 // for A/B runs; the default is oneDNN where the build has it: it reads the CPU's features where

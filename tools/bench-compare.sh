@@ -1,35 +1,50 @@
 #!/usr/bin/env bash
 # Runs `tapestry bench` and tools/reference/bench_torch.py alternately (A B A B ...) on one
 # workload and prints, for each figure, the ratio tapestry / PyTorch per pair with its min,
-# median and max. PyTorch runs with whichever OMP_WAIT_POLICY (PASSIVE or ACTIVE) gave it the
-# faster train step in a first probe; the choice is printed.
-#   tools/bench-compare.sh [WORKLOAD=small] [THREADS=2] [PAIRS=3] [STEPS=10]     (WORKLOAD: copy, small, base or vit)
+# median and max. PyTorch runs with its best setting, from a first probe: OMP_WAIT_POLICY PASSIVE
+# or ACTIVE, each with OpenBLAS's own choice of kernels and with OPENBLAS_CORETYPE naming the
+# CPU's vector ISA (OpenBLAS 0.3.21 runs SSE3 kernels on CPU models newer than it knows, as our
+# Xeon model 207; docs/benchmarks.md). The choice is printed.
+#   tools/bench-compare.sh [WORKLOAD=small] [THREADS=2] [PAIRS=3] [STEPS=10] [PRECISION=fp32]
+#   WORKLOAD: copy, small, base or vit; PRECISION bf16: both in bfloat16 autocast (tapestry
+#   --precision bf16, PyTorch torch.autocast("cpu", dtype=torch.bfloat16)).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-workload="${1:-small}" threads="${2:-2}" pairs="${3:-3}" steps="${4:-10}"
+workload="${1:-small}" threads="${2:-2}" pairs="${3:-3}" steps="${4:-10}" precision="${5:-fp32}"
 bin="${TAPESTRY_BIN:-build/tapestry}"  # TAPESTRY_BIN: another build (a before/after comparison)
 [ -x "$bin" ] || { echo "bench-compare: build first (tools/test.sh or cmake --build build)"; exit 1; }
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
-torch_run() { OMP_WAIT_POLICY="$1" /usr/bin/python3 tools/reference/bench_torch.py --workload "$workload" \
-                --threads "$threads" --steps "$steps" --json; }
-ours_run() { "$bin" bench --workload "$workload" --threads "$threads" --steps "$steps" --json; }
+# torch_run "VAR=value ..." : PyTorch's run with those environment settings.
+torch_run() { env $1 /usr/bin/python3 tools/reference/bench_torch.py --workload "$workload" \
+                --threads "$threads" --steps "$steps" --precision "$precision" --json; }
+ours_run() { "$bin" bench --workload "$workload" --threads "$threads" --steps "$steps" --precision "$precision" --json; }
 
-passive=$(torch_run PASSIVE | python3 -c 'import json,sys; print(json.load(sys.stdin)["train_ms_median"])')
-active=$(torch_run ACTIVE | python3 -c 'import json,sys; print(json.load(sys.stdin)["train_ms_median"])')
-policy=$(python3 -c "print('PASSIVE' if $passive <= $active else 'ACTIVE')")
-echo "workload $workload, $threads threads, $pairs pairs of $steps steps; PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') with OMP_WAIT_POLICY=$policy (train step: PASSIVE ${passive} ms, ACTIVE ${active} ms)"
+isa=""
+grep -qw avx2 /proc/cpuinfo && isa="Haswell"
+grep -qw avx512f /proc/cpuinfo && isa="SkylakeX"
+settings=("OMP_WAIT_POLICY=PASSIVE" "OMP_WAIT_POLICY=ACTIVE")
+[ -n "$isa" ] && settings+=("OMP_WAIT_POLICY=PASSIVE OPENBLAS_CORETYPE=$isa" "OMP_WAIT_POLICY=ACTIVE OPENBLAS_CORETYPE=$isa")
+best="" best_ms="" probes=""
+for s in "${settings[@]}"; do
+  ms=$(torch_run "$s" | python3 -c 'import json,sys; print(json.load(sys.stdin)["train_ms_median"])')
+  probes+="${probes:+, }$s ${ms%.*} ms"
+  if [ -z "$best" ] || python3 -c "import sys; sys.exit(0 if $ms < $best_ms else 1)"; then best="$s" best_ms="$ms"; fi
+done
+echo "workload $workload, $precision, $threads threads, $pairs pairs of $steps steps"
+echo "PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') with $best (train step probes: $probes)"
 
 for i in $(seq 1 "$pairs"); do
   ours_run >> "$out/ours.jsonl"
-  torch_run "$policy" >> "$out/torch.jsonl"
+  torch_run "$best" >> "$out/torch.jsonl"
 done
 
 python3 - "$out/ours.jsonl" "$out/torch.jsonl" <<'PY'
 import json, statistics, sys
 ours = [json.loads(l) for l in open(sys.argv[1])]
 torch = [json.loads(l) for l in open(sys.argv[2])]
+print(f"tapestry's float32 gemm: {ours[0].get('gemm', 'openblas')}")
 keys = [("images_per_s", "higher"), ("train_ms_median", "lower"), ("peak_rss_mib", "lower")] if ours[0]["workload"] == "vit" else [("tgt_tokens_per_s", "higher"), ("train_ms_median", "lower"), ("train_gflops", "higher"),
         ("forward_ms_median", "lower"), ("decode_tokens_per_s", "higher"), ("sgemm_gflops", "higher"),
         ("peak_rss_mib", "lower")]

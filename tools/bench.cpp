@@ -22,6 +22,7 @@
 #include "tapestry/models/gpt.h"
 #include "tapestry/models/transformer.h"
 #include "tapestry/models/vit.h"
+#include "tapestry/ops/autocast.h"
 #include "tapestry/ops/cuda.h"
 #include "tapestry/ops/profile.h"
 #include "tapestry/ops/runtime.h"
@@ -148,6 +149,7 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   Tensor x = ids.slice(1, 0, block).contiguous().to(bench_device), y = ids.slice(1, 1, block + 1).contiguous().to(bench_device);
   apps::TrainerOptions to;
   to.checkpoint_activations = o.checkpoint_activations;
+  to.precision = o.precision;
   to.progress = false, to.clip_norm = 1.0;
   apps::Trainer trainer(model, adamw, nullptr, to);
   const std::vector<apps::TrainBatch> step_batch = {{batch * block, [&] { return model.loss(x, y); }}};
@@ -175,11 +177,11 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   const double mn = *std::min_element(train_ms.begin(), train_ms.end());
   const double mx = *std::max_element(train_ms.begin(), train_ms.end());
   if (o.json) {
-    std::printf("{\"impl\": \"tapestry\", \"device\": \"%s\", \"attention\": \"%s\", \"workload\": \"lm\", \"threads\": %d, \"train_ms_median\": %.3f, "
+    std::printf("{\"impl\": \"tapestry\", \"precision\": \"%s\", \"gemm\": \"%s\", \"device\": \"%s\", \"attention\": \"%s\", \"workload\": \"lm\", \"threads\": %d, \"train_ms_median\": %.3f, "
                 "\"train_ms_min\": %.3f, \"train_ms_max\": %.3f, \"tgt_tokens_per_s\": %.1f, \"forward_ms_median\": "
                 "%.3f, \"decode_tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, \"params\": %lld, \"syncs_per_step\": %lld, "
                 "\"launches_per_step\": %lld}\n",
-                o.device.c_str(), o.attention.c_str(), threads, step_ms, mn, mx, tok_s, median(fwd_ms), dec_tok_s, peak_rss_mib(),
+                o.precision.c_str(), gemm_library().c_str(), o.device.c_str(), o.attention.c_str(), threads, step_ms, mn, mx, tok_s, median(fwd_ms), dec_tok_s, peak_rss_mib(),
                 static_cast<long long>(model.num_parameters()), (long long)per_step.syncs, (long long)per_step.launches);
     return 0;
   }
@@ -209,6 +211,7 @@ int run_vit_bench(const BenchOptions& o, int threads) {
   Tensor y = randint(0, 10, {batch}, DType::Int64, &data).to(bench_device);
   apps::TrainerOptions to;
   to.checkpoint_activations = o.checkpoint_activations;
+  to.precision = o.precision;
   to.progress = false;
   apps::Trainer trainer(model, adamw, nullptr, to);
   const std::vector<apps::TrainBatch> step_batch = {{batch, [&] { return model.loss(x, y); }}};
@@ -219,10 +222,10 @@ int run_vit_bench(const BenchOptions& o, int threads) {
   const double mn = *std::min_element(train_ms.begin(), train_ms.end());
   const double mx = *std::max_element(train_ms.begin(), train_ms.end());
   if (o.json) {
-    std::printf("{\"impl\": \"tapestry\", \"device\": \"%s\", \"workload\": \"vit\", \"threads\": %d, "
+    std::printf("{\"impl\": \"tapestry\", \"precision\": \"%s\", \"gemm\": \"%s\", \"device\": \"%s\", \"workload\": \"vit\", \"threads\": %d, "
                 "\"train_ms_median\": %.3f, \"train_ms_min\": %.3f, \"train_ms_max\": %.3f, \"images_per_s\": %.1f, "
                 "\"peak_rss_mib\": %.1f, \"params\": %lld}\n",
-                o.device.c_str(), threads, step_ms, mn, mx, img_s, peak_rss_mib(),
+                o.precision.c_str(), gemm_library().c_str(), o.device.c_str(), threads, step_ms, mn, mx, img_s, peak_rss_mib(),
                 static_cast<long long>(model.num_parameters()));
     return 0;
   }
@@ -283,6 +286,7 @@ int run_bench(const BenchOptions& o) {
   // non-finite guard), Adam step; no schedule, no clipping.
   apps::TrainerOptions to;
   to.checkpoint_activations = o.checkpoint_activations;
+  to.precision = o.precision;
   to.progress = false;
   apps::Trainer trainer(model, adam, nullptr, to);
   const std::vector<apps::TrainBatch> batch = {
@@ -314,11 +318,11 @@ int run_bench(const BenchOptions& o) {
   const double dec_tok_s = static_cast<double>(decoded) / (decode_ms / 1000);
   if (o.json) {
     std::printf(
-        "{\"impl\": \"tapestry\", \"device\": \"%s\", \"attention\": \"%s\", \"workload\": \"%s\", \"threads\": %d, \"train_ms_median\": %.3f, \"train_ms_min\": "
+        "{\"impl\": \"tapestry\", \"precision\": \"%s\", \"gemm\": \"%s\", \"device\": \"%s\", \"attention\": \"%s\", \"workload\": \"%s\", \"threads\": %d, \"train_ms_median\": %.3f, \"train_ms_min\": "
         "%.3f, \"train_ms_max\": %.3f, \"tgt_tokens_per_s\": %.1f, \"train_gflops\": %.2f, \"forward_ms_median\": "
         "%.3f, \"decode_tokens_per_s\": %.1f, \"sgemm_gflops\": %.2f, \"peak_rss_mib\": %.1f, \"params\": %lld, "
         "\"syncs_per_step\": %lld, \"launches_per_step\": %lld, \"checkpoint_activations\": %s}\n",
-        o.device.c_str(), o.attention.c_str(), o.workload.c_str(), threads, step_ms, *std::min_element(train_ms.begin(), train_ms.end()),
+        o.precision.c_str(), gemm_library().c_str(), o.device.c_str(), o.attention.c_str(), o.workload.c_str(), threads, step_ms, *std::min_element(train_ms.begin(), train_ms.end()),
         *std::max_element(train_ms.begin(), train_ms.end()), tok_s, train_gflops, median(fwd_ms), dec_tok_s,
         sgemm_gflops, peak_rss_mib(), static_cast<long long>(model.num_parameters()), (long long)per_step.syncs,
         (long long)per_step.launches, o.checkpoint_activations ? "true" : "false");
@@ -329,6 +333,7 @@ int run_bench(const BenchOptions& o) {
               o.workload.c_str(), (long long)w.d_model, (long long)w.enc_layers, (long long)w.dec_layers,
               (long long)w.heads, (long long)w.d_ff, (long long)w.vocab, (long long)w.batch, (long long)w.src_len,
               (long long)w.tgt_len, (long long)model.num_parameters(), threads);
+  std::printf("gemm library %s; train step matmuls in %s\n", gemm_library().c_str(), o.precision == "bf16" ? "bfloat16" : "float32");
   if (o.checkpoint_activations)
     std::printf("activation checkpointing: each layer recomputed in backward (GFLOP/s counts no recomputation)\n");
   std::printf("train step        %8.2f ms median (min %.2f, max %.2f, %d steps)\n", step_ms,
@@ -363,6 +368,9 @@ Subcommand add_bench(CLI::App& app) {
   bench->add_flag("--peak", o->peak, "measure the machine's fp32 FMA peak instead");
   bench->add_flag("--checkpoint-activations", o->checkpoint_activations, "recompute each block during backward (less "
                   "memory, about one more forward)");
+  bench->add_option("--precision", o->precision, "fp32, or bf16: the train step's matmuls in bfloat16 (AVX512-BF16)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   bench->add_option("--device", o->device, "cpu, cuda, cuda:N, or emulated (the test device: CPU kernels, GPU rules)")->check(device_flag())->capture_default_str();
   bench->add_option("--attention", o->attention,
                     "the GPU's attention kernel: gemm (cuBLAS, holds the scores), tiled (FlashAttention-style) or "

@@ -14,6 +14,7 @@ struct BenchOptions {
   bool peak = false;     // only measure the FMA peak
   std::string device = "cpu";  // cpu, cuda or cuda:N
   std::string attention = "auto";  // the GPU's attention kernel: auto, gemm or tiled
+  std::string precision = "fp32";  // the Trainer's --precision
   bool checkpoint_activations = false;  // the Trainer's --checkpoint-activations
 };
 

@@ -121,7 +121,9 @@ StopSignals::StopSignals() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
+  // SA_ONSTACK: on the thread's alternate stack where it has one, as every thread running oneDNN's
+  // gemm kernels does (Note [oneDNN and signals], ops/cpu/gemm.cpp).
+  sa.sa_flags = SA_RESTART | SA_ONSTACK;
   ::sigaction(SIGINT, &sa, &g_old_int);
   ::sigaction(SIGTERM, &sa, &g_old_term);
 }

@@ -15,6 +15,7 @@
 #include "apps/train/progress.h"
 #include "apps/train/run_dir.h"
 #include "tapestry/nn/safetensors.h"
+#include "tapestry/ops/autocast.h"
 #include "tapestry/ops/cuda.h"
 #include "tapestry/ops/factory.h"
 #include "tapestry/ops/file.h"
@@ -57,6 +58,11 @@ OptionTable trainer_options(TrainerOptions& o) {
         "of keeping its activations: less memory for about one more forward of compute, the same gradients (to the bit; "
         "the translation Transformer's encoder: to rounding)")
       .this_run_only();
+  t.add("precision", o.precision, "bf16: the train step's matmuls in bfloat16 with float32 accumulation, as "
+        "torch.autocast(\"cpu\", dtype=torch.bfloat16) (weights, optimizer, softmax, norms, loss and evaluation stay "
+        "float32); needs a CPU with AVX512-BF16")
+      .one_of({"fp32", "bf16"})
+      .this_run_only();
   t.add("eval-every", o.eval_every, "also evaluate every N steps (0: after each epoch only)").at_least(0);
   t.add("no-progress", o.progress, "no progress line on stderr").this_run_only().clears = true;
   t.add("step-log", o.step_log, "append a TSV line per optimizer step: step, epoch, loss, tokens, lr, gradient norm")
@@ -94,6 +100,8 @@ Trainer::Trainer(nn::Module& model, optim::Optimizer& optimizer, const optim::Sc
   TP_CHECK(!o_.trainable_only || o_.average <= 1, "train: averaging the epoch copies of adapters (average {}) is not "
            "averaging their updates; set average to 0", o_.average);
   if (o_.checkpoint_activations) model_.set_checkpointing(true);
+  std::string why;
+  TP_CHECK(o_.precision != "bf16" || bf16_supported(&why), "train: --precision bf16: {}", why);
   checkpoints_ = std::make_unique<Checkpoints>(model_, optimizer_, o_);
   progress_ = std::make_unique<Progress>(o_);
 }
@@ -139,6 +147,7 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
   // synchronisation on a GPU, where reading each loss would stall the device mid-step). The values
   // and their order of summation are those of reading each loss at once.
   std::vector<std::pair<Tensor, int64_t>> losses;  // detached, with their batch's tokens
+  AutocastGuard autocast(o_.precision == "bf16" ? Precision::BFloat16 : Precision::Float32);
   for (size_t i = 0; i < group.size(); ++i) {
     const TrainBatch& b = group[i];
     if (parallel && b.tokens == 0) continue;  // an empty shard: this rank adds zeros

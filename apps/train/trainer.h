@@ -79,6 +79,7 @@ struct TrainerOptions {
   double clip_norm = 0;         // clip the global gradient norm to this before each step (0: none)
   bool checkpoint_activations = false;  // recompute each block of the model's stacks in backward
                                         // (Module::set_checkpointing): less memory, one more forward
+  std::string precision = "fp32";  // "bf16": each step's forward and backward under an AutocastGuard
   std::string on_nan = "stop";  // a non-finite loss or gradient norm: "stop" (throw) or "skip" the step
   int64_t eval_every = 0;       // also evaluate every N steps (0: at the end of each epoch only)
   bool progress = true;         // the progress line on stderr
@@ -204,10 +205,11 @@ std::map<std::string, Tensor> average_checkpoints(const std::vector<std::string>
 // ones it offers (OptionTable::take) and marks its recipe among them.
 OptionTable trainer_options(TrainerOptions& options);
 // The Trainer's flags that steer one invocation of a run folder's task (multi30k, lm): what a
-// nan does, the time limit, resume/overwrite/reshard, the step log, the progress line, and
-// activation checkpointing (memory for compute; the same gradients).
+// nan does, the time limit, resume/overwrite/reshard, the step log, the progress line,
+// activation checkpointing (memory for compute; the same gradients) and the matmul precision.
 inline const std::vector<std::string> kRunControlFlags = {"on-nan", "time-limit", "resume", "overwrite", "reshard",
-                                                         "step-log", "no-progress", "checkpoint-activations"};
+                                                         "step-log", "no-progress", "checkpoint-activations",
+                                                         "precision"};
 
 // Throws naming the first bad option (what the Trainer's constructor checks), as its flag would.
 void check_options(const TrainerOptions& options);

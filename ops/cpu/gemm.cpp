@@ -7,13 +7,25 @@
 // kernels (OPENBLAS_CORETYPE=SkylakeX) reach 260-290 and oneDNN, which reads the CPU's feature
 // flags, 290-330 (docs/benchmarks.md, "Which gemm"). TAPESTRY_GEMM=openblas|onednn overrides the
 // choice for A/B runs.
+//
+// Note [oneDNN and signals]: oneDNN 2.6's JIT sgemm kernels point rsp into a heap buffer while they
+// run (oneDNN issue #4845, fixed in 3.11), so a signal handler that runs on the interrupted
+// thread's stack writes into the heap: SIGTERM during training aborted 3 runs in 30 with
+// "corrupted double-linked list". Every thread that runs those kernels gets an alternate signal
+// stack here, and the training's handlers (apps/train/run_dir.cpp) ask for it with SA_ONSTACK.
 #include "tapestry/ops/cpu/gemm.h"
 
 #include <cblas.h>
+#include <signal.h>
+
+#include <atomic>
+#include <mutex>
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -45,6 +57,39 @@ bool use_onednn() {
   return on;
 }
 
+#ifdef TAPESTRY_WITH_ONEDNN
+// Note [oneDNN and signals]: an alternate signal stack for this thread, once. The stacks are kept
+// for the life of the process (a thread's signal stack must outlive its last signal).
+void signal_stack_for_this_thread() {
+  thread_local bool done = false;
+  if (done) return;
+  static std::mutex mutex;
+  static std::vector<std::unique_ptr<char[]>> stacks;
+  const size_t size = std::max<size_t>(SIGSTKSZ, 64 * 1024);
+  std::lock_guard<std::mutex> lock(mutex);
+  stacks.push_back(std::make_unique<char[]>(size));
+  stack_t ss{};
+  ss.ss_sp = stacks.back().get();
+  ss.ss_size = size;
+  ::sigaltstack(&ss, nullptr);
+  done = true;
+}
+
+// ... for the calling thread and every OpenMP thread oneDNN may run its kernels on.
+void signal_stacks() {
+  signal_stack_for_this_thread();
+#ifdef _OPENMP
+  static std::atomic<int> covered{1};
+  const int threads = omp_get_max_threads();
+  if (threads > covered.load() && !omp_in_parallel()) {
+#pragma omp parallel num_threads(threads)
+    signal_stack_for_this_thread();
+    covered = threads;
+  }
+#endif
+}
+#endif
+
 }  // namespace
 
 const char* gemm_library() { return use_onednn() ? "onednn" : "openblas"; }
@@ -59,6 +104,7 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
         for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0 ? 0.0f : beta * c[i * ldc + j];
       return;
     }
+    signal_stacks();
     dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     TP_CHECK(st == dnnl_success, "matmul: oneDNN sgemm failed (status {}) for m={} n={} k={}", static_cast<int>(st),
              m, n, k);
@@ -108,25 +154,29 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// One primitive per shape and B layout, per thread (oneDNN's own cache would also serve, but its
-// key is built from the descriptors on every call).
-dnnl::matmul& bf16_matmul(int64_t m, int64_t n, int64_t k, bool tb, int64_t ldc) {
-  thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, int64_t>, dnnl::matmul> cache;
-  auto key = std::make_tuple(m, n, k, tb, ldc);
+// A matrix's descriptor: rows x cols bfloat16, packed in its storage order (read transposed when
+// `trans`, i.e. stored cols x rows).
+memory::desc bf16_desc(int64_t rows, int64_t cols, bool trans) {
+  return memory::desc({rows, cols}, memory::data_type::bf16, trans ? memory::dims{1, rows} : memory::dims{cols, 1});
+}
+
+// One primitive per shape and layout, per thread (oneDNN's own cache would also serve, but its key
+// is built from the descriptors on every call).
+dnnl::matmul& bf16_matmul(int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t ldc) {
+  thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t>, dnnl::matmul> cache;
+  auto key = std::make_tuple(m, n, k, ta, tb, ldc);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  memory::desc src({m, k}, memory::data_type::bf16, memory::dims{k, 1});
-  memory::desc wei({k, n}, memory::data_type::bf16, tb ? memory::dims{1, k} : memory::dims{n, 1});
   memory::desc dst({m, n}, memory::data_type::f32, memory::dims{ldc, 1});
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), cpu_engine());
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(bf16_desc(m, k, ta), bf16_desc(k, n, tb), dst), cpu_engine());
   return cache.emplace(key, dnnl::matmul(pd)).first->second;
 }
 
-// rows x cols of x (row stride ld, read transposed when `trans`) into a packed bfloat16 buffer.
-void to_bf16(const float* x, int64_t ld, bool trans, int64_t rows, int64_t cols, uint16_t* out) {
+// The rows x cols float32 matrix x (row stride ld), packed into bfloat16 in the same order.
+void to_bf16(const float* x, int64_t ld, int64_t rows, int64_t cols, uint16_t* out) {
   parallel_for(0, rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(cols, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
-      for (int64_t j = 0; j < cols; ++j) out[r * cols + j] = bf16_round(trans ? x[j * ld + r] : x[r * ld + j]);
+      for (int64_t j = 0; j < cols; ++j) out[r * cols + j] = bf16_round(x[r * ld + j]);
   });
 }
 
@@ -138,18 +188,25 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a
   std::string why;
   TP_CHECK(bf16_hardware(&why), "matmul in bfloat16: {}", why);
 #ifdef TAPESTRY_WITH_ONEDNN
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    return;
+  }
+  signal_stacks();
   thread_local std::vector<uint16_t> a16, b16;
   a16.resize(static_cast<size_t>(m * k));
   b16.resize(static_cast<size_t>(k * n));
-  to_bf16(a, lda, ta, m, k, a16.data());                  // A as [m, k]
-  if (tb) to_bf16(b, ldb, false, n, k, b16.data());       // B stored [n, k]: kept so
-  else to_bf16(b, ldb, false, k, n, b16.data());          // B stored [k, n]
-  dnnl::matmul& mm = bf16_matmul(m, n, k, tb, ldc);
-  memory::desc src({m, k}, memory::data_type::bf16, memory::dims{k, 1});
-  memory::desc wei({k, n}, memory::data_type::bf16, tb ? memory::dims{1, k} : memory::dims{n, 1});
+  // Packed in storage order; oneDNN reads the transposes from the descriptors' strides.
+  if (ta) to_bf16(a, lda, k, m, a16.data());
+  else to_bf16(a, lda, m, k, a16.data());
+  if (tb) to_bf16(b, ldb, n, k, b16.data());
+  else to_bf16(b, ldb, k, n, b16.data());
+  dnnl::matmul& mm = bf16_matmul(m, n, k, ta, tb, ldc);
   memory::desc dst({m, n}, memory::data_type::f32, memory::dims{ldc, 1});
   thread_local dnnl::stream stream(cpu_engine());
-  memory src_m(src, cpu_engine(), a16.data()), wei_m(wei, cpu_engine(), b16.data()), dst_m(dst, cpu_engine(), c);
+  memory src_m(bf16_desc(m, k, ta), cpu_engine(), a16.data()), wei_m(bf16_desc(k, n, tb), cpu_engine(), b16.data()),
+      dst_m(dst, cpu_engine(), c);
   mm.execute(stream, {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, wei_m}, {DNNL_ARG_DST, dst_m}});
   stream.wait();
 #else

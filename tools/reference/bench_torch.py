@@ -12,6 +12,9 @@ for every new token (PyTorch's nn modules have no KV cache). Run with OMP_WAIT_P
 or ACTIVE set in the environment: tools/bench-compare.sh picks the faster one and says which.
 --device cuda runs the same workload on a GPU (PyTorch eager, float32, TF32 off), waiting for the
 device at the end of every timed call, as `tapestry bench --device cuda` does.
+--precision bf16 runs each train step's forward and loss under
+torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's own mixed precision, beside
+`tapestry bench --precision bf16`.
 """
 import argparse
 import json
@@ -19,6 +22,7 @@ import os
 import resource
 import statistics
 import sys
+import contextlib
 import time
 
 import torch
@@ -61,7 +65,8 @@ def vit_bench(a, dev, wait):
     train_ms = []
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()
-        loss = F.cross_entropy(model(x), y)
+        with autocast(a):
+            loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -71,13 +76,25 @@ def vit_bench(a, dev, wait):
             train_ms.append((time.perf_counter() - t0) * 1000)
     step = statistics.median(train_ms)
     return {
-        "impl": "torch", "device": a.device, "workload": "vit", "threads": a.threads,
+        "impl": "torch", "precision": a.precision, "device": a.device, "workload": "vit", "threads": a.threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "detected"),
         "train_ms_median": step, "train_ms_min": min(train_ms), "train_ms_max": max(train_ms),
         "images_per_s": b / (step / 1000),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "params": sum(p.numel() for p in model.parameters()),
     }
+
+
+def dev_type(name):
+    return torch.device(name).type
+
+
+def autocast(a):
+    """The train step's forward context: PyTorch's CPU autocast to bfloat16, or nothing."""
+    if a.precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def main():
@@ -88,7 +105,11 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16: the train step's forward under torch.autocast (CPU)")
     a = ap.parse_args()
+    if a.precision == "bf16" and dev_type(a.device) != "cpu":
+        sys.exit("bench_torch: --precision bf16 is the CPU autocast comparison")
     dev = torch.device(a.device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
@@ -121,8 +142,9 @@ def main():
     train_ms = []
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()
-        logits = model(src, tgt_in)
-        loss = F.cross_entropy(logits.reshape(-1, v), tgt_out.reshape(-1), label_smoothing=0.1, ignore_index=0)
+        with autocast(a):
+            logits = model(src, tgt_in)
+            loss = F.cross_entropy(logits.reshape(-1, v), tgt_out.reshape(-1), label_smoothing=0.1, ignore_index=0)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -159,8 +181,9 @@ def main():
 
     step = statistics.median(train_ms)
     r = {
-        "impl": "torch", "device": a.device, "workload": a.workload, "threads": a.threads,
+        "impl": "torch", "precision": a.precision, "device": a.device, "workload": a.workload, "threads": a.threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "detected"),
         "train_ms_median": step, "train_ms_min": min(train_ms), "train_ms_max": max(train_ms),
         "tgt_tokens_per_s": b * t / (step / 1000),
         "train_gflops": 3 * forward_flops(d, le, ld, f, v, b, s, t) / (step * 1e6),

@@ -108,6 +108,11 @@ TEST_CASE("two epochs on a 1000-pair corpus: the loss falls, checkpoints are wri
   CHECK(beam.size() == 2);
   CHECK(greedy.size() == 2);
   MESSAGE("translations: '", beam[0], "', '", beam[1], "'");
+  // One sentence at a time gives what a batch gives (padding is masked).
+  CHECK(apps::translate(translator, src, 3, 0.6, 1) == beam);
+  CHECK(apps::translate(translator, src, 1, 0.6, 1) == greedy);
+  CHECK(error_of([&] { apps::translate(translator, src, 1, 0.6, 0); }).find("at least one sentence") !=
+        std::string::npos);
   CHECK(error_of([&] { apps::load_translator(dir + "/nothing"); }).find("model.safetensors not found") !=
         std::string::npos);
   CHECK(error_of([&] { apps::load_translator(dir + "/run", "model.epoch9.safetensors"); })

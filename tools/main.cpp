@@ -1,7 +1,10 @@
 // `tapestry`: parses the command line and runs one subcommand. Bad flags print one clear line
 // and exit non-zero; so does any error while a subcommand runs (never an abort).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -75,9 +78,28 @@ void start_ranks(int* argc, char*** argv) {
 
 int run_main(int argc, char** argv);
 
+// Note [sharing the cores]
+// libgomp's threads spin at the end of every parallel region (300,000 turns by default) before
+// they sleep. On a quiet machine that saves a wake-up per region; on a busy one a spinning thread
+// holds a core that the thread it waits for, or another program, needs: beside a two-job compile
+// on 2 cores the Multi30k recipe fell to an eighth of its quiet speed (a twelfth beside two busy
+// loops; 30,000 turns: under half, and the quiet speed within the noise). libgomp reads its settings
+// once, when it loads, so the command line starts itself again with a short spin limit
+// (GOMP_SPINCOUNT, kSpinTurns) unless the user chose one (OMP_WAIT_POLICY or GOMP_SPINCOUNT).
+// docs/benchmarks.md "Sharing the cores" has the measurements behind the value.
+constexpr const char* kSpinTurns = "30000";
+
+void limit_spinning(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+  if (setenv("GOMP_SPINCOUNT", kSpinTurns, 1) != 0) return;
+  execv("/proc/self/exe", argv);  // returns only on failure: then run on with libgomp's defaults
+  unsetenv("GOMP_SPINCOUNT");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  limit_spinning(argv);
   try {
     start_ranks(&argc, &argv);
   } catch (const Error& e) {

@@ -65,12 +65,14 @@ double evaluate_loss(Transformer& model, const TokenBatcher& batches, double smo
 
 // Translations of `sources` (greedy when beam == 1), in order, batched by 50 sentences.
 std::vector<std::string> translate_all(Transformer& model, const Subword& sp, const std::vector<std::string>& sources,
-                                       int64_t beam, double alpha) {
+                                       int64_t beam, double alpha, int64_t batch = 50) {
+  TP_CHECK(batch >= 1, "translate: the batch must hold at least one sentence, got {}", batch);
   std::vector<std::string> out;
   DecodeOptions opt;
   opt.bos = Subword::kBos, opt.eos = Subword::kEos;
-  for (size_t start = 0; start < sources.size(); start += 50) {
-    size_t end = std::min(sources.size(), start + 50);
+  const size_t step = static_cast<size_t>(batch);
+  for (size_t start = 0; start < sources.size(); start += step) {
+    size_t end = std::min(sources.size(), start + step);
     std::vector<std::vector<int64_t>> ids;
     int64_t S = 1;
     for (size_t i = start; i < end; ++i) {
@@ -306,8 +308,9 @@ Translator load_translator(const std::string& dir, const std::string& weights) {
   return t;
 }
 
-std::vector<std::string> translate(Translator& t, const std::vector<std::string>& sources, int64_t beam, double alpha) {
-  return translate_all(*t.model, *t.subword, sources, beam, alpha);
+std::vector<std::string> translate(Translator& t, const std::vector<std::string>& sources, int64_t beam, double alpha,
+                                   int64_t batch) {
+  return translate_all(*t.model, *t.subword, sources, beam, alpha, batch);
 }
 
 }  // namespace tapestry::apps

@@ -15,6 +15,7 @@ else
     cmake g++ make pkg-config
     libopenblas-openmp-dev   # BLAS with OpenMP threads: one thread pool shared with our kernels
     libdnnl-dev              # oneDNN: float32 gemms that know new CPUs, bfloat16 autocast
+    ocl-icd-opencl-dev       # OpenCL, which Debian's oneDNN CMake config requires (a Recommends)
     libfmt-dev doctest-dev
     nlohmann-json3-dev       # safetensors headers
     libcli11-dev             # the command line

@@ -1,6 +1,7 @@
 // Greedy and beam-search decoding, batched over sentences, with per-layer key/value caches so
 // each step runs the decoder on one new position. With use_cache off, every step re-runs the
-// whole prefix instead: slower, and the reference the cache is tested against.
+// whole prefix instead: slower, and the reference the cache is tested against. A sentence that
+// has ended leaves the batch (as in fairseq), so a batch's last steps decode only the long ones.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -51,6 +52,28 @@ struct EvalScope {
 
 double length_penalty(int64_t len, double alpha) { return std::pow((5.0 + static_cast<double>(len)) / 6.0, alpha); }
 
+// Gathers the rows `rows` (of the current batch, in their new order) of the decoder's per-row
+// state: every layer's cached self-attention keys and values, and with `with_memory` also the
+// encoder memory, its mask and the cross-attention's cached keys and values. Beam search reorders
+// the self-attention rows every step; both searches drop the rows of finished sentences, as
+// fairseq does, so the steps after a sentence ends cost only what is still being decoded.
+void gather_rows(const std::vector<int64_t>& rows, bool with_memory, Tensor& memory, Tensor& src_mask,
+                 DecoderCache& cache) {
+  Tensor idx = tensor(rows).to(memory.device());
+  auto gather = [&](std::vector<nn::KVCache>& layers) {
+    for (nn::KVCache& c : layers)
+      if (c.k.defined()) {
+        c.k = index_select(c.k, 0, idx);
+        c.v = index_select(c.v, 0, idx);
+      }
+  };
+  gather(cache.self_attn);
+  if (!with_memory) return;
+  gather(cache.src_attn);
+  memory = index_select(memory, 0, idx);
+  src_mask = index_select(src_mask, 0, idx);
+}
+
 }  // namespace
 
 std::vector<Hypothesis> greedy_decode(Transformer& model, const Tensor& src, const DecodeOptions& opt) {
@@ -60,30 +83,39 @@ std::vector<Hypothesis> greedy_decode(Transformer& model, const Tensor& src, con
   Tensor src_mask = model.source_mask(src);
   Tensor memory = model.encode(src, src_mask);
   std::vector<int64_t> lens = source_lengths(src, pad);
+  // Row r of the batch decodes sentence active[r]; finished sentences leave the batch.
+  std::vector<int64_t> active(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) active[b] = b;
   std::vector<std::vector<int64_t>> prefixes(static_cast<size_t>(B), std::vector<int64_t>{opt.bos});
   std::vector<Hypothesis> out(static_cast<size_t>(B));
-  std::vector<bool> done(static_cast<size_t>(B), false);
   DecoderCache cache;
   const int64_t max_steps = *std::max_element(lens.begin(), lens.end()) + opt.max_extra;
-  for (int64_t t = 0; t < max_steps; ++t) {
+  for (int64_t t = 0; t < max_steps && !active.empty(); ++t) {
+    const int64_t rows = static_cast<int64_t>(active.size());
     Tensor lp = next_log_probs(model, prefixes, memory, src_mask, opt.use_cache ? &cache : nullptr);
     // Only what the search needs comes to the host: each row's best token and its log-prob, in one
-    // copy of [2, B] (ids are exact in double), not the [B, V] distribution.
+    // copy of [2, rows] (ids are exact in double), not the [rows, V] distribution.
     auto [best_lp, best_id] = max(lp, -1);
     const std::vector<double> picked =
         stack({best_lp.to(DType::Float64), best_id.to(DType::Float64)}, 0).to_vector<double>();
-    bool all_done = true;
-    for (int64_t b = 0; b < B; ++b) {
-      int64_t tok = done[b] ? pad : static_cast<int64_t>(picked[static_cast<size_t>(B + b)]);
-      if (!done[b]) {
-        out[b].tokens.push_back(tok);
-        out[b].score += picked[static_cast<size_t>(b)];
-        done[b] = tok == opt.eos || static_cast<int64_t>(out[b].tokens.size()) >= lens[b] + opt.max_extra;
-      }
-      prefixes[b].push_back(tok);
-      all_done = all_done && done[b];
+    std::vector<int64_t> keep;  // rows whose sentence goes on
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t b = active[r], tok = static_cast<int64_t>(picked[static_cast<size_t>(rows + r)]);
+      out[b].tokens.push_back(tok);
+      out[b].score += picked[static_cast<size_t>(r)];
+      prefixes[r].push_back(tok);
+      if (tok != opt.eos && static_cast<int64_t>(out[b].tokens.size()) < lens[b] + opt.max_extra) keep.push_back(r);
     }
-    if (all_done) break;
+    if (static_cast<int64_t>(keep.size()) == rows) continue;
+    std::vector<int64_t> next_active;
+    std::vector<std::vector<int64_t>> next_prefixes;
+    for (int64_t r : keep) {
+      next_active.push_back(active[r]);
+      next_prefixes.push_back(std::move(prefixes[r]));
+    }
+    active = std::move(next_active);
+    prefixes = std::move(next_prefixes);
+    if (!keep.empty()) gather_rows(keep, true, memory, src_mask, cache);
   }
   return out;
 }
@@ -99,10 +131,12 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
   const double NEG = -std::numeric_limits<double>::infinity();
   Tensor src_mask0 = model.source_mask(src);
   Tensor memory0 = model.encode(src, src_mask0);
-  // Each sentence's memory repeated for its K beams: rows b*K .. b*K+K-1.
-  std::vector<int64_t> rep;
-  for (int64_t b = 0; b < B; ++b)
+  // Each sentence's memory repeated for its K beams: rows a*K .. a*K+K-1 decode sentence active[a].
+  std::vector<int64_t> rep, active(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    active[b] = b;
     for (int64_t k = 0; k < K; ++k) rep.push_back(b);
+  }
   Tensor rep_idx = tensor(rep).to(src.device());
   Tensor memory = index_select(memory0, 0, rep_idx), src_mask = index_select(src_mask0, 0, rep_idx);
   std::vector<int64_t> lens = source_lengths(src, pad);
@@ -111,11 +145,11 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
   std::vector<double> scores(static_cast<size_t>(B * K), NEG);
   for (int64_t b = 0; b < B; ++b) scores[b * K] = 0.0;  // one live beam at the start
   std::vector<std::vector<Hypothesis>> finished(static_cast<size_t>(B));
-  std::vector<bool> done(static_cast<size_t>(B), false);
   DecoderCache cache;
   const int64_t max_steps = *std::max_element(lens.begin(), lens.end()) + opt.max_extra;
 
-  for (int64_t t = 0; t < max_steps; ++t) {
+  for (int64_t t = 0; t < max_steps && !active.empty(); ++t) {
+    const int64_t A = static_cast<int64_t>(active.size()), rows = A * K;
     Tensor lp = next_log_probs(model, prefixes, memory, src_mask, opt.use_cache ? &cache : nullptr);
     const int64_t V = lp.size(1);
     // Only what the search needs comes to the host: each row's M best continuations (score and
@@ -123,28 +157,22 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
     // its rows' 2K best each. Scores are added on the device in double, as the host would, so
     // the ranking (ties: lower beam, then lower token) is the full search's exactly.
     const int64_t M = std::min<int64_t>(2 * K, V);
-    Tensor row_scores = lp.to(DType::Float64) + tensor(scores, {B * K, 1}).to(lp.device());
+    Tensor row_scores = lp.to(DType::Float64) + tensor(scores, {rows, 1}).to(lp.device());
     auto [top_scores, top_tokens] = topk(row_scores, M, -1, /*largest=*/true, /*sorted=*/true);
     const std::vector<double> top = stack({top_scores, top_tokens.to(DType::Float64)}, 0).to_vector<double>();
-    std::vector<int64_t> origin(static_cast<size_t>(B * K));
-    std::vector<std::vector<int64_t>> next_prefixes(static_cast<size_t>(B * K));
-    std::vector<double> next_scores(static_cast<size_t>(B * K), NEG);
-    for (int64_t b = 0; b < B; ++b) {
-      if (done[b]) {
-        for (int64_t k = 0; k < K; ++k) {
-          origin[b * K + k] = b * K + k;
-          next_prefixes[b * K + k] = prefixes[b * K + k];
-          next_prefixes[b * K + k].push_back(pad);
-        }
-        continue;
-      }
+    // Row r of the next step continues row origin[r]; only the sentences still going keep rows.
+    std::vector<int64_t> origin, next_active;
+    std::vector<std::vector<int64_t>> next_prefixes;
+    std::vector<double> next_scores;
+    for (int64_t a = 0; a < A; ++a) {
+      const int64_t b = active[a];
       // The 2K best continuations over all beams of this sentence.
       std::vector<std::pair<double, int64_t>> cand;  // (score, k * V + token)
       for (int64_t k = 0; k < K; ++k) {
-        if (scores[b * K + k] == NEG) continue;
+        if (scores[a * K + k] == NEG) continue;
         for (int64_t m = 0; m < M; ++m) {
-          const size_t at = static_cast<size_t>((b * K + k) * M + m);
-          cand.emplace_back(top[at], k * V + static_cast<int64_t>(top[static_cast<size_t>(B * K * M) + at]));
+          const size_t at = static_cast<size_t>((a * K + k) * M + m);
+          cand.emplace_back(top[at], k * V + static_cast<int64_t>(top[static_cast<size_t>(rows * M) + at]));
         }
       }
       int64_t take = std::min<int64_t>(2 * K, static_cast<int64_t>(cand.size()));
@@ -152,11 +180,14 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
                         [](auto& x, auto& y) { return x.first > y.first || (x.first == y.first && x.second < y.second); });
       const int64_t gen_len = t + 1;  // tokens generated including this one
       const bool at_limit = gen_len >= lens[b] + opt.max_extra;
+      std::vector<int64_t> beam_origin(static_cast<size_t>(K), a * K);  // unused rows copy beam 0
+      std::vector<std::vector<int64_t>> beam_prefixes(static_cast<size_t>(K));
+      std::vector<double> beam_scores(static_cast<size_t>(K), NEG);
       int64_t live = 0;
       for (int64_t c = 0; c < take && live < K; ++c) {
         auto [s, idx] = cand[c];
         int64_t k = idx / V, tok = idx % V;
-        const auto& prefix = prefixes[b * K + k];
+        const auto& prefix = prefixes[a * K + k];
         if (tok == opt.eos || at_limit) {
           if (c < K) {  // an ending counts only if it ranks among the top K
             Hypothesis h{std::vector<int64_t>(prefix.begin() + 1, prefix.end()), s / length_penalty(gen_len, alpha)};
@@ -165,47 +196,47 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
           }
           continue;
         }
-        int64_t row = b * K + live++;
-        origin[row] = b * K + k;
-        next_prefixes[row] = prefix;
-        next_prefixes[row].push_back(tok);
-        next_scores[row] = s;
+        beam_origin[live] = a * K + k;
+        beam_prefixes[live] = prefix;
+        beam_prefixes[live].push_back(tok);
+        beam_scores[live++] = s;
       }
       for (int64_t k = live; k < K; ++k) {  // unused rows: keep a valid prefix, never extend them
-        origin[b * K + k] = b * K;
-        next_prefixes[b * K + k] = prefixes[b * K];
-        next_prefixes[b * K + k].push_back(pad);
+        beam_prefixes[k] = prefixes[a * K];
+        beam_prefixes[k].push_back(pad);
       }
       // Early stop: K endings, and no live hypothesis can beat the worst of them even at the
       // longest allowed length (scores only fall as tokens are added; lp grows with length).
+      bool done = at_limit || live == 0;
       if (static_cast<int64_t>(finished[b].size()) >= K) {
         std::sort(finished[b].begin(), finished[b].end(), [](auto& x, auto& y) { return x.score > y.score; });
-        double best_live = NEG;
-        for (int64_t k = 0; k < K; ++k) best_live = std::max(best_live, next_scores[b * K + k]);
+        double best_live = *std::max_element(beam_scores.begin(), beam_scores.end());
         double bound = best_live == NEG ? NEG : best_live / length_penalty(lens[b] + opt.max_extra, alpha);
-        if (bound <= finished[b][K - 1].score) done[b] = true;
+        if (bound <= finished[b][K - 1].score) done = true;
       }
-      if (at_limit || live == 0) done[b] = true;
+      if (done) {
+        if (finished[b].empty())  // cannot happen (at_limit ends every beam), kept as a guard
+          finished[b].push_back(Hypothesis{std::vector<int64_t>(prefixes[a * K].begin() + 1, prefixes[a * K].end()),
+                                           scores[a * K]});
+        continue;
+      }
+      next_active.push_back(b);
+      origin.insert(origin.end(), beam_origin.begin(), beam_origin.end());
+      for (auto& p : beam_prefixes) next_prefixes.push_back(std::move(p));
+      next_scores.insert(next_scores.end(), beam_scores.begin(), beam_scores.end());
     }
+    const bool dropped = next_active.size() < active.size();
+    active = std::move(next_active);
     prefixes = std::move(next_prefixes);
     scores = std::move(next_scores);
-    if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
-    if (opt.use_cache) {  // each row continues the beam it came from
-      Tensor idx = tensor(origin).to(src.device());
-      for (auto& c : cache.self_attn) {
-        c.k = index_select(c.k, 0, idx);
-        c.v = index_select(c.v, 0, idx);
-      }
-    }
+    if (active.empty()) break;
+    // Each row continues the beam it came from; a beam's rows share their sentence's memory, so
+    // the same gather also drops the finished sentences' memory rows.
+    if (opt.use_cache || dropped) gather_rows(origin, dropped, memory, src_mask, cache);
   }
   std::vector<Hypothesis> out(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     auto& f = finished[b];
-    if (f.empty()) {  // cannot happen (at_limit ends every beam), kept as a guard
-      out[b].tokens.assign(prefixes[b * K].begin() + 1, prefixes[b * K].end());
-      out[b].score = scores[b * K];
-      continue;
-    }
     out[b] = *std::max_element(f.begin(), f.end(), [](auto& x, auto& y) { return x.score < y.score; });
   }
   return out;

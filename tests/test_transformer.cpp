@@ -135,6 +135,30 @@ TEST_CASE("cached and uncached decoding give the same tokens and scores") {
   }
 }
 
+TEST_CASE("a batch decodes each sentence as it would alone - finished sentences leave the batch") {
+  for (bool use_cache : {true, false}) {
+    manual_seed(23);
+    auto c = tiny(17);
+    Transformer m(c);
+    // Source lengths 6, 2, 4, 1 and max_extra 3: the sentences hit their length limits (if no
+    // eos comes first) at different steps, so rows leave the batch one by one, from its middle.
+    Tensor src = tensor({5, 9, 3, 12, 4, 2, 7, 3, 0, 0, 0, 0, 8, 8, 6, 1, 0, 0, 14, 0, 0, 0, 0, 0}, {4, 6});
+    models::DecodeOptions opt;
+    opt.max_extra = 3;
+    opt.use_cache = use_cache;
+    auto greedy = models::greedy_decode(m, src, opt);
+    auto beam = models::beam_search(m, src, 3, 0.6, opt);
+    for (int64_t i = 0; i < 4; ++i) {
+      Tensor one = src.narrow(0, i, 1);
+      auto g = models::greedy_decode(m, one, opt), b = models::beam_search(m, one, 3, 0.6, opt);
+      CHECK(greedy[i].tokens == g[0].tokens);
+      CHECK(greedy[i].score == doctest::Approx(g[0].score).epsilon(1e-5));
+      CHECK(beam[i].tokens == b[0].tokens);
+      CHECK(beam[i].score == doctest::Approx(b[0].score).epsilon(1e-5));
+    }
+  }
+}
+
 TEST_CASE("the copy task reaches exact copies on held-out sequences") {
   apps::CopyTaskOptions o;
   o.d_model = 64, o.heads = 4, o.d_ff = 128, o.batch = 32, o.warmup = 200, o.max_steps = 2000, o.lr_factor = 1.0;

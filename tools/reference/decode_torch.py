@@ -16,7 +16,8 @@ The model is transformer_ref.py's (the parity test's twin), loaded from the run'
   - beam: the 2K best continuations over a sentence's K beams; an eos among the top K ends a
     hypothesis scored log P / ((5 + len) / 6)^alpha; a sentence stops once it has K endings and no
     live beam can beat the worst of them at the longest allowed length.
-Finished sentences stay in their batch until the batch ends, as in tapestry.
+A finished sentence leaves the batch (its rows, memory and caches dropped), as in fairseq and
+tapestry.
 Batches are consecutive input lines, as `tapestry translate --batch N` takes them. The timer
 covers tokenizing, decoding and detokenizing every sentence (not loading the model).
 """
@@ -84,8 +85,13 @@ class IncrementalDecoder:
                        for l in model.decoder]
         self.self_kv = [None] * len(model.decoder)
 
-    def reorder(self, rows):
+    def reorder(self, rows, with_memory=False):
+        """Keeps the rows `rows` (in that order) of the self-attention caches, and with_memory
+        also of the encoder's keys, values and padding mask (a finished sentence's rows leave)."""
         self.self_kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.self_kv]
+        if with_memory:
+            self.mem_kv = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.mem_kv]
+            self.src_pad = self.src_pad.index_select(0, rows)
 
     def step(self, tokens, position):
         """tokens [rows] at `position` -> log-probs [rows, V] of the next token."""
@@ -133,18 +139,20 @@ def greedy(model, ids):
     B = len(ids)
     dec = IncrementalDecoder(model, memory, src_pad)
     tokens = torch.full((B,), BOS, dtype=torch.long)
-    out, done = [[] for _ in range(B)], [False] * B
+    out, active = [[] for _ in range(B)], list(range(B))  # row r decodes sentence active[r]
     for t in range(max(lens) + MAX_EXTRA):
         best = dec.step(tokens, t).argmax(-1).tolist()
-        for b in range(B):
-            if done[b]:
-                best[b] = PAD
-                continue
-            out[b].append(best[b])
-            done[b] = best[b] == EOS or len(out[b]) >= lens[b] + MAX_EXTRA
-        if all(done):
+        keep = []
+        for r, b in enumerate(active):
+            out[b].append(best[r])
+            if best[r] != EOS and len(out[b]) < lens[b] + MAX_EXTRA:
+                keep.append(r)
+        if not keep:
             break
-        tokens = torch.tensor(best, dtype=torch.long)
+        tokens = torch.tensor([best[r] for r in keep], dtype=torch.long)
+        if len(keep) < len(active):
+            active = [active[r] for r in keep]
+            dec.reorder(torch.tensor(keep, dtype=torch.long), with_memory=True)
     return out
 
 
@@ -157,54 +165,60 @@ def beam(model, ids, K, alpha):
     B, NEG = len(ids), -math.inf
     rep = torch.arange(B).repeat_interleave(K)
     dec = IncrementalDecoder(model, memory0.index_select(0, rep), src_pad0.index_select(0, rep))
+    active = list(range(B))  # rows a*K .. a*K+K-1 decode sentence active[a]
     prefixes = [[BOS] for _ in range(B * K)]
     scores = torch.full((B * K,), NEG, dtype=torch.float64)
     scores[::K] = 0.0
-    finished, done = [[] for _ in range(B)], [False] * B
+    finished = [[] for _ in range(B)]
     for t in range(max(lens) + MAX_EXTRA):
         lp = dec.step(torch.tensor([p[-1] for p in prefixes], dtype=torch.long), t)
         V = lp.size(1)
         # The 2K best continuations of each sentence over all its beams, in one topk.
-        top_s, top_i = (lp.double() + scores[:, None]).view(B, K * V).topk(2 * K, dim=-1)
+        top_s, top_i = (lp.double() + scores[:, None]).view(len(active), K * V).topk(2 * K, dim=-1)
         top_s, top_i = top_s.tolist(), top_i.tolist()
-        origin, next_prefixes, next_scores = list(range(B * K)), [None] * (B * K), [NEG] * (B * K)
+        origin, next_active, next_prefixes, next_scores = [], [], [], []
         gen_len = t + 1
-        for b in range(B):
-            if done[b]:
-                for k in range(K):
-                    next_prefixes[b * K + k] = prefixes[b * K + k] + [PAD]
-                continue
+        for a, b in enumerate(active):
             at_limit, live = gen_len >= lens[b] + MAX_EXTRA, 0
+            rows, row_prefixes, row_scores = [a * K] * K, [None] * K, [NEG] * K
             for c in range(2 * K):
                 if live >= K:
                     break
-                s, idx = top_s[b][c], top_i[b][c]
+                s, idx = top_s[a][c], top_i[a][c]
                 if s == NEG:
                     break
                 k, tok = divmod(idx, V)
-                prefix = prefixes[b * K + k]
+                prefix = prefixes[a * K + k]
                 if tok == EOS or at_limit:
                     if c < K:
                         finished[b].append((s / penalty(gen_len, alpha), prefix[1:] + [tok]))
                     continue
-                row = b * K + live
+                rows[live], row_prefixes[live], row_scores[live] = a * K + k, prefix + [tok], s
                 live += 1
-                origin[row], next_prefixes[row], next_scores[row] = b * K + k, prefix + [tok], s
             for k in range(live, K):
-                origin[b * K + k], next_prefixes[b * K + k] = b * K, prefixes[b * K] + [PAD]
+                row_prefixes[k] = prefixes[a * K] + [PAD]
+            done = at_limit or live == 0
             if len(finished[b]) >= K:
                 finished[b].sort(key=lambda h: -h[0])
-                best_live = max(next_scores[b * K:b * K + K])
+                best_live = max(row_scores)
                 bound = NEG if best_live == NEG else best_live / penalty(lens[b] + MAX_EXTRA, alpha)
                 if bound <= finished[b][K - 1][0]:
-                    done[b] = True
-            if at_limit or live == 0:
-                done[b] = True
-        prefixes, scores = next_prefixes, torch.tensor(next_scores, dtype=torch.float64)
-        if all(done):
+                    done = True
+            if done:
+                if not finished[b]:
+                    finished[b].append((scores[a * K].item(), prefixes[a * K][1:]))
+                continue
+            next_active.append(b)
+            origin += rows
+            next_prefixes += row_prefixes
+            next_scores += row_scores
+        dropped = len(next_active) < len(active)
+        active, prefixes = next_active, next_prefixes
+        if not active:
             break
-        dec.reorder(torch.tensor(origin, dtype=torch.long))
-    return [max(f, key=lambda h: h[0])[1] if f else prefixes[b * K][1:] for b, f in enumerate(finished)]
+        scores = torch.tensor(next_scores, dtype=torch.float64)
+        dec.reorder(torch.tensor(origin, dtype=torch.long), with_memory=dropped)
+    return [max(f, key=lambda h: h[0])[1] for f in finished]
 
 
 def read_lines(path):

@@ -1,6 +1,7 @@
 // models/: configs, bad input, forward shapes, tied weights, cached vs uncached decoding, and
 // the copy task learned to exact copies.
 #include <cstdio>
+#include <set>
 
 #include <unistd.h>
 
@@ -148,6 +149,11 @@ TEST_CASE("a batch decodes each sentence as it would alone - finished sentences 
     opt.use_cache = use_cache;
     auto greedy = models::greedy_decode(m, src, opt);
     auto beam = models::beam_search(m, src, 3, 0.6, opt);
+    // The sentences did end at different steps (else nothing left the batch early).
+    std::set<size_t> greedy_lengths, beam_lengths;
+    for (int64_t i = 0; i < 4; ++i) greedy_lengths.insert(greedy[i].tokens.size()), beam_lengths.insert(beam[i].tokens.size());
+    CHECK(greedy_lengths.size() >= 3);
+    CHECK(beam_lengths.size() >= 3);
     for (int64_t i = 0; i < 4; ++i) {
       Tensor one = src.narrow(0, i, 1);
       auto g = models::greedy_decode(m, one, opt), b = models::beam_search(m, one, 3, 0.6, opt);

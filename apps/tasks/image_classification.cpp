@@ -55,7 +55,7 @@ OptionTable options_table(ImageOptions& o) {
   t.add("val-size", o.val_size, "training images held out for validation").positive().recipe();
   t.add("crop-padding", o.crop_padding, "augmentation: random crop after zero-padding by this much (0: none)")
       .at_least(0);
-  t.add("flip", o.flip, "augmentation: random horizontal flips").recipe();
+  t.add("flip", o.flip, "augmentation: random horizontal flips (on or off)").one_of({"off", "on"}).recipe();
   t.take(trainer, "clip-norm");
   t.take(trainer, "seed").recipe();
   t.add("limit", o.limit, "train on the first N training images only (0: all)").at_least(0).recipe();

@@ -21,9 +21,7 @@ torch_run() { env $1 /usr/bin/python3 tools/reference/bench_torch.py --workload 
                 --threads "$threads" --steps "$steps" --precision "$precision" --json; }
 ours_run() { "$bin" bench --workload "$workload" --threads "$threads" --steps "$steps" --precision "$precision" --json; }
 
-isa=""
-grep -qw avx2 /proc/cpuinfo && isa="Haswell"
-grep -qw avx512f /proc/cpuinfo && isa="SkylakeX"
+isa="$(tools/openblas-coretype.sh)"
 settings=("OMP_WAIT_POLICY=PASSIVE" "OMP_WAIT_POLICY=ACTIVE")
 [ -n "$isa" ] && settings+=("OMP_WAIT_POLICY=PASSIVE OPENBLAS_CORETYPE=$isa" "OMP_WAIT_POLICY=ACTIVE OPENBLAS_CORETYPE=$isa")
 best="" best_ms="" probes=""

@@ -32,9 +32,7 @@ theirs() {  # ENV SEARCH BATCH HYPS -> sentences/s
   python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["sentences_per_s"])' "$out/err"
 }
 
-isa=""
-grep -qw avx2 /proc/cpuinfo && isa="Haswell"
-grep -qw avx512f /proc/cpuinfo && isa="SkylakeX"
+isa="$(tools/openblas-coretype.sh)"
 settings=("OMP_WAIT_POLICY=PASSIVE" "OMP_WAIT_POLICY=ACTIVE")
 [ -n "$isa" ] && settings+=("OMP_WAIT_POLICY=PASSIVE OPENBLAS_CORETYPE=$isa" "OMP_WAIT_POLICY=ACTIVE OPENBLAS_CORETYPE=$isa")
 head -200 <(zcat -f "$src") > "$out/probe.de"

@@ -26,17 +26,18 @@ fi
 # ACTIVE with OpenBLAS's AVX-512 kernels 89 ms, ACTIVE as installed 115 ms, PASSIVE + AVX-512 106 ms):
 # OpenBLAS 0.3.21 runs SSE3 kernels on CPU models newer than it knows (docs/benchmarks.md).
 torch_env=(OMP_WAIT_POLICY=ACTIVE)
-if grep -qw avx512f /proc/cpuinfo; then torch_env+=(OPENBLAS_CORETYPE=SkylakeX)
-elif grep -qw avx2 /proc/cpuinfo; then torch_env+=(OPENBLAS_CORETYPE=Haswell); fi
+isa="$(tools/openblas-coretype.sh)"
+[ -n "$isa" ] && torch_env+=(OPENBLAS_CORETYPE="$isa")
+# get RUN KEY: a value of the run's recorded recipe (its config.toml), for the twin.
+get() { sed -n "s/^$2 = //p" "$1/config.toml"; }
 echo "vit-race: PyTorch runs with ${torch_env[*]}"
 for i in $(seq 1 "$pairs"); do
   "$bin" train --task image --epochs "$epochs" --threads 2 --out "$out/t$i" --overwrite --no-progress "$@" > "$out/t$i.log" 2>&1
-  # The recipe's regularisation as the run recorded it, for the twin.
-  get() { sed -n "s/^$1 = //p" "$out/t$i/config.toml"; }
-  flip=0; [[ "$(get flip)" =~ ^\"?(on|true)\"?$ ]] && flip=1
-  recipe=(--crop-padding "$(get crop-padding)" --flip "$flip" --dropout "$(get dropout)"
-          --label-smoothing "$(get label-smoothing)" --lr "$(get lr)" --min-lr "$(get min-lr)"
-          --weight-decay "$(get weight-decay)" --warmup "$(get warmup)" --batch "$(get batch)")
+  run="$out/t$i" flip=0
+  [ "$(get "$run" flip)" = '"on"' ] && flip=1
+  recipe=(--crop-padding "$(get "$run" crop-padding)" --flip "$flip" --dropout "$(get "$run" dropout)"
+          --label-smoothing "$(get "$run" label-smoothing)" --lr "$(get "$run" lr)" --min-lr "$(get "$run" min-lr)"
+          --weight-decay "$(get "$run" weight-decay)" --warmup "$(get "$run" warmup)" --batch "$(get "$run" batch)")
   seconds=$(grep -oP '^epoch [0-9]+: .*?, \K[0-9]+(?= s, )' "$out/t$i.log" | paste -sd+ | bc)
   echo "tapestry run $i: $(grep '^final:' "$out/t$i.log" | sed 's/^final: //') ($seconds s of training)"
   env "${torch_env[@]}" /usr/bin/python3 tools/reference/vit_ref.py train --epochs "$epochs" --threads 2 --time-limit "$seconds" "${recipe[@]}" \

@@ -67,7 +67,7 @@ for _ in $(seq 1 600); do [ -f "$work/kill/checkpoint.safetensors" ] && break; s
 [ -f "$work/kill/checkpoint.safetensors" ] || { kill -9 $job; cat "$work/kill.log"; fail "no checkpoint within 60 s"; }
 victim=""
 for pid in $(pgrep -f "$work/kill" || true); do
-  if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$pid; fi
+  if grep -qx "OMPI_COMM_WORLD_RANK=1" < <(tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null); then victim=$pid; fi
 done
 [ -n "$victim" ] || { kill -9 $job; fail "rank 1 not found"; }
 kill -9 "$victim"
@@ -77,7 +77,7 @@ if kill -0 $job 2>/dev/null; then kill -9 $job; cat "$work/kill.log"; fail "the 
 rc=0; wait $job || rc=$?
 [ $rc -ne 0 ] || fail "the job exited 0 after a rank was killed"
 echo "the job ended $((SECONDS - start)) s after rank 1 was killed, exit $rc; mpirun said:"
-grep -aiE "killed|signal|exited|abort" "$work/kill.log" | head -3
+grep -m3 -aiE "killed|signal|exited|abort" "$work/kill.log" || true
 "$cli" generate --checkpoint "$work/kill" --prompt "The" --max-new 8 --seed 1 > "$work/gen.log" 2>&1 ||
   { cat "$work/gen.log"; fail "the model written before the kill does not load"; }
 echo "the model written before the kill loads: $(head -c 80 "$work/gen.log" | tr '\n' ' ')"

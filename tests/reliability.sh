@@ -154,7 +154,7 @@ two_runs_one_folder() {  # Two trainings into one folder at once both "succeeded
   local rc=$?
   [[ $rc -eq 130 ]] || fail "SIGINT: expected exit 130, got $rc: $(tail -2 "$work/first.log")"
   grep -q "SIGINT: stopped after step" "$work/first.log" || fail "SIGINT: no message"
-  ls "$work/lock/run" | grep -q '\.tmp\.' && fail "temp files left behind"
+  grep -q '\.tmp\.' < <(ls "$work/lock/run") && fail "temp files left behind"
   tiny --data "$work/lock" --out "$work/lock/run" --epochs 1 --resume > "$work/out" 2>&1 ||
     fail "resume after SIGINT failed: $(tail -2 "$work/out")"
   grep -q "^resume: from" "$work/out" || fail "did not resume"

@@ -28,7 +28,7 @@ echo "dist-compare: Multi30k default recipe, $seconds s of training per run, $pa
 run() {  # NAME THREADS LAUNCHER...
   local name="$1" threads="$2"; shift 2
   "$@" "${recipe[@]}" --threads "$threads" --out "$out/$name" > "$out/$name.log" 2>&1 || { cat "$out/$name.log"; exit 1; }
-  local tps; tps=$(grep -o '[0-9]* tok/s' "$out/$name.log" | head -1 | awk '{print $1}')
+  local tps; tps=$(grep -o '[0-9]* tok/s' "$out/$name.log" | awk 'NR == 1 {print $1}')
   echo "$name: $tps train tokens/s $(grep '^dist:' "$out/$name.log" | sed 's/^dist: //' || true)"
   echo "$tps" >> "$out/${name%%[0-9]*}.tps"
   grep -o '[0-9.]* ms per step' "$out/$name.log" | awk '{print $1}' >> "$out/${name%%[0-9]*}.ms" || true

@@ -38,7 +38,7 @@ summary=()
 for target in "${targets[@]}"; do
   binary="$build_dir/tests/fuzz/$target"
   if [ ! -x "$binary" ]; then
-    binary="$(find "$build_dir" -type f -name "$target" -perm -u+x | head -n 1)"
+    binary="$(find "$build_dir" -type f -name "$target" -perm -u+x | sed -n 1p)"
   fi
   if [ -z "$binary" ] || [ ! -x "$binary" ]; then
     echo "fuzz: $target was not built" >&2

@@ -52,26 +52,21 @@ struct EvalScope {
 
 double length_penalty(int64_t len, double alpha) { return std::pow((5.0 + static_cast<double>(len)) / 6.0, alpha); }
 
-// Gathers the rows `rows` (of the current batch, in their new order) of the decoder's per-row
-// state: every layer's cached self-attention keys and values, and with `with_memory` also the
-// encoder memory, its mask and the cross-attention's cached keys and values. Beam search reorders
-// the self-attention rows every step; both searches drop the rows of finished sentences, as
-// fairseq does, so the steps after a sentence ends cost only what is still being decoded.
-void gather_rows(const std::vector<int64_t>& rows, bool with_memory, Tensor& memory, Tensor& src_mask,
-                 DecoderCache& cache) {
-  Tensor idx = tensor(rows).to(memory.device());
-  auto gather = [&](std::vector<nn::KVCache>& layers) {
-    for (nn::KVCache& c : layers)
-      if (c.k.defined()) {
-        c.k = index_select(c.k, 0, idx);
-        c.v = index_select(c.v, 0, idx);
-      }
-  };
-  gather(cache.self_attn);
-  if (!with_memory) return;
-  gather(cache.src_attn);
-  memory = index_select(memory, 0, idx);
-  src_mask = index_select(src_mask, 0, idx);
+// Gathers the decoder's per-row state for the next step: every layer's cached self-attention keys
+// and values by `rows` (of the current batch, in their new order), and with `sentences` also the
+// encoder memory, its mask and the cross-attention's cached keys and values by sentence (beam
+// search keeps one memory row per sentence for its K rows, see nn::MultiHeadAttention). Beam
+// search reorders the self-attention rows every step; both searches drop the rows of finished
+// sentences, as fairseq does, so the steps after a sentence ends cost only what is still decoded.
+void gather_rows(const std::vector<int64_t>& rows, const std::vector<int64_t>* sentences, Tensor& memory,
+                 Tensor& src_mask, DecoderCache& cache) {
+  const Tensor idx = tensor(rows).to(memory.device());
+  for (nn::KVCache& c : cache.self_attn) c.select_rows(idx);
+  if (!sentences) return;
+  const Tensor sidx = tensor(*sentences).to(memory.device());
+  for (nn::KVCache& c : cache.src_attn) c.select_rows(sidx);
+  memory = index_select(memory, 0, sidx);
+  src_mask = index_select(src_mask, 0, sidx);
 }
 
 }  // namespace
@@ -115,7 +110,7 @@ std::vector<Hypothesis> greedy_decode(Transformer& model, const Tensor& src, con
     }
     active = std::move(next_active);
     prefixes = std::move(next_prefixes);
-    if (!keep.empty()) gather_rows(keep, true, memory, src_mask, cache);
+    if (!keep.empty()) gather_rows(keep, &keep, memory, src_mask, cache);
   }
   return out;
 }
@@ -129,16 +124,12 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
   EvalScope eval_scope(model);
   const int64_t B = src.size(0), pad = model.config.pad_id;
   const double NEG = -std::numeric_limits<double>::infinity();
-  Tensor src_mask0 = model.source_mask(src);
-  Tensor memory0 = model.encode(src, src_mask0);
-  // Each sentence's memory repeated for its K beams: rows a*K .. a*K+K-1 decode sentence active[a].
-  std::vector<int64_t> rep, active(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) {
-    active[b] = b;
-    for (int64_t k = 0; k < K; ++k) rep.push_back(b);
-  }
-  Tensor rep_idx = tensor(rep).to(src.device());
-  Tensor memory = index_select(memory0, 0, rep_idx), src_mask = index_select(src_mask0, 0, rep_idx);
+  Tensor src_mask = model.source_mask(src);
+  Tensor memory = model.encode(src, src_mask);
+  // Rows a*K .. a*K+K-1 decode sentence active[a], all against memory row a: the memory is not
+  // repeated K times, the cross-attention groups a sentence's K rows (nn::MultiHeadAttention).
+  std::vector<int64_t> active(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) active[b] = b;
   std::vector<int64_t> lens = source_lengths(src, pad);
 
   std::vector<std::vector<int64_t>> prefixes(static_cast<size_t>(B * K), std::vector<int64_t>{opt.bos});
@@ -154,14 +145,16 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
     const int64_t V = lp.size(1);
     // Only what the search needs comes to the host: each row's M best continuations (score and
     // token), one copy of [2, rows, M]. The 2K best of a sentence over all its beams are among
-    // its rows' 2K best each. Scores are added on the device in double, as the host would, so
-    // the ranking (ties: lower beam, then lower token) is the full search's exactly.
+    // its rows' 2K best each. A row's float32 log-probs are ranked first and only its M best get
+    // the beam's score added, in double as the host would: distinct float32 values stay distinct
+    // (and ordered) after adding one double, so this is the full search's ranking exactly (ties:
+    // lower beam, then lower token), without a [rows, V] array of doubles per step.
     const int64_t M = std::min<int64_t>(2 * K, V);
-    Tensor row_scores = lp.to(DType::Float64) + tensor(scores, {rows, 1}).to(lp.device());
-    auto [top_scores, top_tokens] = topk(row_scores, M, -1, /*largest=*/true, /*sorted=*/true);
+    auto [top_lp, top_tokens] = topk(lp, M, -1, /*largest=*/true, /*sorted=*/true);
+    Tensor top_scores = top_lp.to(DType::Float64) + tensor(scores, {rows, 1}).to(lp.device());
     const std::vector<double> top = stack({top_scores, top_tokens.to(DType::Float64)}, 0).to_vector<double>();
     // Row r of the next step continues row origin[r]; only the sentences still going keep rows.
-    std::vector<int64_t> origin, next_active;
+    std::vector<int64_t> origin, next_active, kept;  // kept: positions in active of next_active
     std::vector<std::vector<int64_t>> next_prefixes;
     std::vector<double> next_scores;
     for (int64_t a = 0; a < A; ++a) {
@@ -221,6 +214,7 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
         continue;
       }
       next_active.push_back(b);
+      kept.push_back(a);
       origin.insert(origin.end(), beam_origin.begin(), beam_origin.end());
       for (auto& p : beam_prefixes) next_prefixes.push_back(std::move(p));
       next_scores.insert(next_scores.end(), beam_scores.begin(), beam_scores.end());
@@ -230,9 +224,8 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
     prefixes = std::move(next_prefixes);
     scores = std::move(next_scores);
     if (active.empty()) break;
-    // Each row continues the beam it came from; a beam's rows share their sentence's memory, so
-    // the same gather also drops the finished sentences' memory rows.
-    if (opt.use_cache || dropped) gather_rows(origin, dropped, memory, src_mask, cache);
+    // Each row continues the beam it came from; the finished sentences' memory rows go.
+    if (opt.use_cache || dropped) gather_rows(origin, dropped ? &kept : nullptr, memory, src_mask, cache);
   }
   std::vector<Hypothesis> out(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {

@@ -15,10 +15,43 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias) {
 Tensor Linear::forward(const Tensor& x) const {
   TP_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "Linear: input of shape {} does not end in in_features={}",
            x.sizes(), weight.size(1));
-  Tensor y = linear(x, weight, bias);
+  const bool records = GradMode::is_enabled() &&
+                       (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
+  Tensor y;
+  if (!is_training() && weight.device().is_cpu() && weight.dtype() == DType::Float32 &&
+      x.dtype() == DType::Float32 && x.numel() > 0) {
+    // Eval mode multiplies by W^T laid out [in, out] whether or not gradients are recorded, so an
+    // eval output never depends on which tensors require grad; only inference reuses the copy.
+    Shape out_shape = x.sizes();
+    out_shape.back() = weight.size(0);
+    y = matmul(x.reshape({-1, weight.size(1)}), records ? weight.t().contiguous() : transposed_weight());
+    if (bias.defined()) {
+      if (records) y = add(y, bias);
+      else y.add_(bias);
+    }
+    y = y.reshape(out_shape);
+  } else {
+    {  // training (or another device) frees the copy, and the old weight it holds
+      std::lock_guard<std::mutex> lock(wt_cache_->mutex);
+      wt_cache_->wt = wt_cache_->of = Tensor();
+    }
+    y = linear(x, weight, bias);
+  }
   if (!lora_A) return y;
   const Tensor in = lora_dropout > 0 ? dropout(x, lora_dropout, is_training()) : x;
   return add(y, mul(lora_B->forward(lora_A->forward(in)), lora_scale));
+}
+
+Tensor Linear::transposed_weight() const {
+  std::lock_guard<std::mutex> lock(wt_cache_->mutex);  // forward is const: callers may share a module
+  TransposedCache& c = *wt_cache_;
+  if (!c.wt.defined() || c.of.storage() != weight.storage() || c.of.raw_data() != weight.raw_data() ||
+      c.of.sizes() != weight.sizes() || c.of.strides() != weight.strides() || c.version != weight.version()) {
+    NoGradGuard no_grad;
+    c.wt = weight.t().contiguous();
+    c.of = weight, c.version = weight.version();
+  }
+  return c.wt;
 }
 
 Embedding::Embedding(int64_t num, int64_t dim, int64_t padding_idx_) : padding_idx(padding_idx_) {
@@ -65,12 +98,52 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_model_, int64_t heads_, double 
   dropout = register_module("dropout", std::make_shared<Dropout>(p));
 }
 
+bool KVCache::in_room() const {
+  auto starts = [](const Tensor& view, const Tensor& room) {
+    return room.defined() && view.storage() == room.storage() && view.raw_data() == room.raw_data() &&
+           view.strides() == room.strides() && view.size(0) == room.size(0) && view.size(2) <= room.size(2);
+  };
+  return starts(k, k_room) && starts(v, v_room);
+}
+
 void KVCache::append(Tensor& k_new, Tensor& v_new) {
-  if (k.defined()) {
-    k_new = cat({k, k_new}, 2);
-    v_new = cat({v, v_new}, 2);
+  if (!k.defined()) {  // the first keys are kept as they come (a cross-attention's never grow)
+    k = k_new, v = v_new;
+    return;
   }
-  k = k_new, v = v_new;
+  if (GradMode::is_enabled() && (k.requires_grad() || v.requires_grad() || k_new.requires_grad() ||
+                                 v_new.requires_grad())) {
+    k_room = v_room = Tensor();
+    k = k_new = cat({k, k_new}, 2);
+    v = v_new = cat({v, v_new}, 2);
+    return;
+  }
+  const int64_t T = k.size(2), n = k_new.size(2);
+  if (!in_room() || T + n > k_room.size(2)) {
+    auto grow = [&](const Tensor& held) {
+      Shape shape = held.sizes();
+      shape[2] = std::max<int64_t>(2 * (T + n), 16);
+      Tensor room = zeros(shape, held.options());
+      room.narrow(2, 0, T).copy_(held);
+      return room;
+    };
+    k_room = grow(k), v_room = grow(v);
+  }
+  k_room.narrow(2, T, n).copy_(k_new);
+  v_room.narrow(2, T, n).copy_(v_new);
+  k = k_new = k_room.narrow(2, 0, T + n);
+  v = v_new = v_room.narrow(2, 0, T + n);
+}
+
+void KVCache::select_rows(const Tensor& index) {
+  if (!k.defined()) return;
+  if (in_room()) {  // the room moves with its rows, so the next steps still write in place
+    const int64_t T = k.size(2);
+    k_room = index_select(k_room, 0, index), v_room = index_select(v_room, 0, index);
+    k = k_room.narrow(2, 0, T), v = v_room.narrow(2, 0, T);
+    return;
+  }
+  k = index_select(k, 0, index), v = index_select(v, 0, index);
 }
 
 Tensor causal_mask(int64_t tq, int64_t tk, Device device) {
@@ -102,11 +175,12 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const
                                    KVCache* cache, bool static_kv, bool is_causal) {
   TP_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3 && query.size(2) == d_model &&
                key.size(2) == d_model && value.size(2) == d_model && key.size(1) == value.size(1) &&
-               query.size(0) == key.size(0) && key.size(0) == value.size(0),
-           "{}: expected query [B, Tq, {}] and key/value [B, Tk, {}], got {}, {}, {}", describe("MultiHeadAttention"),
-           d_model, d_model, query.sizes(), key.sizes(), value.sizes());
+               key.size(0) == value.size(0) && key.size(0) > 0 && query.size(0) % key.size(0) == 0,
+           "{}: expected query [B, Tq, {}] and key/value [B, Tk, {}] (or [B / G, Tk, {}]: G query rows per key "
+           "row), got {}, {}, {}", describe("MultiHeadAttention"), d_model, d_model, d_model, query.sizes(), key.sizes(),
+           value.sizes());
   Tensor q = split_heads(w_q->forward(query));  // [B, H, Tq, K]
-  Tensor k, v;                                  // [B, H, Tk, K]
+  Tensor k, v;                                  // [B / G, H, Tk, K]
   if (cache && static_kv && cache->k.defined()) {
     k = cache->k;
     v = cache->v;
@@ -115,6 +189,15 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const
     v = split_heads(w_v->forward(value));
     if (cache) cache->append(k, v);
   }
+  TP_CHECK(!cache || !cache->k.defined() || cache->k.size(0) == key.size(0),
+           "{}: the cache holds {} rows of keys, the key input has {}", describe("MultiHeadAttention"),
+           cache && cache->k.defined() ? cache->k.size(0) : 0, key.size(0));
+  // G query rows per key row (a beam's rows against their sentence's memory): the G rows' queries
+  // become G * Tq queries of one key row, so keys and values are never repeated G times.
+  const int64_t B = query.size(0), Tq = query.size(1), G = B / key.size(0);
+  TP_CHECK(G == 1 || !is_causal, "{}: is_causal needs one key row per query row, got query {} and key {}",
+           describe("MultiHeadAttention"), query.sizes(), key.sizes());
+  if (G > 1) q = q.reshape({B / G, G, heads, Tq, d_k}).permute({0, 2, 1, 3, 4}).reshape({B / G, heads, G * Tq, d_k});
   if (mask.defined()) check_mask(mask, q.size(0), q.size(2), k.size(2));
   TP_CHECK(!is_causal || q.size(2) == k.size(2) || q.size(2) == 1,
            "{}: is_causal needs as many queries as keys (or one query, which sees every key), got Tq {} and Tk {}",
@@ -127,11 +210,15 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const
     Tensor scores = matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(d_k)));
     if (mask.defined()) scores = masked_fill(scores, mask, -1e9);
     if (causal) scores = masked_fill(scores, causal_mask(q.size(2), k.size(2), q.device()), -1e9);
-    attention_hook_(softmax(scores, -1));
+    Tensor weights = softmax(scores, -1);  // [B / G, H, G * Tq, Tk]: the hook sees [B, H, Tq, Tk]
+    if (G > 1)
+      weights = weights.reshape({B / G, heads, G, Tq, k.size(2)}).permute({0, 2, 1, 3, 4}).reshape({B, heads, Tq, k.size(2)});
+    attention_hook_(weights);
   }
   const double p = is_training() ? dropout->p : 0.0;
-  Tensor ctx = scaled_dot_product_attention_masked_out(q, k, v, mask, causal, p);  // [B, H, Tq, K]
-  ctx = ctx.transpose(1, 2).reshape({query.size(0), query.size(1), d_model});
+  Tensor ctx = scaled_dot_product_attention_masked_out(q, k, v, mask, causal, p);  // [B / G, H, G * Tq, K]
+  if (G > 1) ctx = ctx.reshape({B / G, heads, G, Tq, d_k}).permute({0, 2, 1, 3, 4}).reshape({B, heads, Tq, d_k});
+  ctx = ctx.transpose(1, 2).reshape({B, Tq, d_model});
   return w_o->forward(ctx);
 }
 

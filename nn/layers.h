@@ -5,6 +5,7 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -24,6 +25,20 @@ class Linear : public Module {
   // lora_scale * lora_B(lora_A(dropout(x, lora_dropout))), lora_A [rank, in], lora_B [out, rank].
   std::shared_ptr<Linear> lora_A, lora_B;
   double lora_scale = 0, lora_dropout = 0;
+
+ private:
+  // In eval mode where no gradient is recorded (inference), on a float32 CPU weight, forward
+  // multiplies by a contiguous copy of W^T, [in, out]: oneDNN runs x W^T 1.2-3.4x faster from
+  // that layout than from W's [out, in] at decoding's shapes (docs/benchmarks.md). Rebuilt when
+  // the weight changes (another storage or offset, or an in-place write, which bumps its
+  // version). The sums then run in another order: such outputs equal train mode's to rounding.
+  Tensor transposed_weight() const;
+  struct TransposedCache {
+    std::mutex mutex;
+    Tensor wt, of;  // of: the weight it was made from (held, so its storage is never reused)
+    uint64_t version = 0;
+  };
+  std::shared_ptr<TransposedCache> wt_cache_ = std::make_shared<TransposedCache>();
 };
 
 // Lookup table [num, dim], init N(0, 1). The padding row starts at zero and the lookup sends it
@@ -95,10 +110,21 @@ class Sequential : public Module {
 Tensor causal_mask(int64_t tq, int64_t tk, Device device = Device::CPU);
 
 // Cached keys and values of one attention layer for incremental decoding: [B, H, T, K].
+// Without gradients the cache keeps room to grow (twice what it holds), and k, v are views of its
+// first T positions, so a step writes only its own keys instead of copying the whole cache again
+// (a cat per step is quadratic in the length). With gradients it concatenates, so the graph sees it.
 struct KVCache {
   Tensor k, v;
-  // Appends the new steps' keys and values (along T) and sets k, v to the whole: cached then new.
+  // Appends the new steps' keys and values (along T) and sets k_new, v_new, k and v to the whole:
+  // cached then new.
   void append(Tensor& k_new, Tensor& v_new);
+  // Keeps the rows `index` (int64, on the cache's device) in that order: a beam's reordering, or
+  // finished sentences leaving a batch.
+  void select_rows(const Tensor& index);
+
+ private:
+  bool in_room() const;   // k and v are the first T positions of the buffers below
+  Tensor k_room, v_room;  // [B, H, capacity, K]
 };
 
 // softmax(Q K^T / sqrt(K)) V over H heads, then W_o. The mask is bool with true = masked out, as
@@ -112,6 +138,9 @@ class MultiHeadAttention : public Module {
   // memory of cross-attention) projects key/value once and reuses them; otherwise the new keys
   // and values are appended to the cache, so each decoding step costs one position.
   // is_causal adds the causal mask (key j > query i masked), without materializing it.
+  // key/value may hold one row per G query rows ([B / G, Tk, D]): query rows g*G .. g*G + G - 1
+  // attend to key row g (a beam search's K rows to their sentence's memory, never repeated); the
+  // mask then broadcasts to [B / G, H, G * Tq, Tk], and is_causal is refused.
   // The attention runs through the fused scaled_dot_product_attention.
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& mask = Tensor(),
                  KVCache* cache = nullptr, bool static_kv = false, bool is_causal = false);

@@ -253,6 +253,137 @@ TEST_CASE("MultiHeadAttention: masks, attention weights, and the cache") {
         std::string::npos);
 }
 
+TEST_CASE("MultiHeadAttention: G query rows per key row equal the keys repeated G times") {
+  manual_seed(4);
+  nn::MultiHeadAttention mha(8, 2);
+  mha.eval();
+  const int64_t A = 3, G = 4, S = 6;
+  Tensor memory = randn({A, S, 8}), query = randn({A * G, 2, 8});
+  Tensor pad = gt(tensor({0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1}, {A, 1, 1, S}), 0.0);
+  std::vector<int64_t> rep;
+  for (int64_t a = 0; a < A; ++a)
+    for (int64_t g = 0; g < G; ++g) rep.push_back(a);
+  const Tensor idx = tensor(rep);
+  Tensor w_grouped, w_repeated;
+  mha.set_attention_hook([&](const Tensor& w) { w_grouped = w; });
+  Tensor grouped = mha.forward(query, memory, memory, pad);
+  mha.set_attention_hook([&](const Tensor& w) { w_repeated = w; });
+  Tensor repeated = mha.forward(query, index_select(memory, 0, idx), index_select(memory, 0, idx), index_select(pad, 0, idx));
+  mha.set_attention_hook(nullptr);
+  CHECK(grouped.sizes() == Shape{A * G, 2, 8});
+  CHECK(max_diff(grouped, repeated) <= 1e-6);
+  CHECK(w_grouped.sizes() == Shape{A * G, 2, 2, S});  // the hook sees [B, H, Tq, Tk] either way
+  CHECK(max_diff(w_grouped, w_repeated) <= 1e-6);
+  // With a cache (cross-attention's static keys): projected once from the A memory rows.
+  nn::KVCache cache;
+  Tensor first = mha.forward(query.slice(1, 0, 1), memory, memory, pad, &cache, /*static_kv=*/true);
+  CHECK(cache.k.size(0) == A);
+  Tensor second = mha.forward(query.slice(1, 1, 2), memory, memory, pad, &cache, true);
+  CHECK(max_diff(cat({first, second}, 1), repeated) <= 1e-6);
+  // Gradients reach the shared memory rows from each of their G query rows.
+  Tensor mem = memory.clone().requires_grad_(), mem_rep = memory.clone().requires_grad_();
+  mha.forward(query, mem, mem, pad).pow(2).sum().backward();
+  mha.forward(query, index_select(mem_rep, 0, idx), index_select(mem_rep, 0, idx), index_select(pad, 0, idx)).pow(2).sum().backward();
+  CHECK(max_diff(mem.grad(), mem_rep.grad()) <= 1e-5);
+  // G must divide the query rows; causal attention needs one key row per query row.
+  CHECK(error_of([&] { mha.forward(randn({5, 2, 8}), memory, memory); }).find("G query rows per key row") !=
+        std::string::npos);
+  CHECK(error_of([&] { mha.forward(query, memory, memory, Tensor(), nullptr, false, true); }).find("is_causal needs one key row") !=
+        std::string::npos);
+}
+
+TEST_CASE("Linear in eval mode: W^T kept for inference, refreshed when the weight changes") {
+  manual_seed(5);
+  nn::Linear lin(24, 40);
+  Tensor x = randn({3, 5, 24});
+  const Tensor train_out = lin.forward(x).detach();
+  lin.eval();
+  Tensor with_grad = lin.forward(x).detach();  // the weight requires grad: recorded, no cache
+  Tensor inference;
+  {
+    NoGradGuard no_grad;
+    inference = lin.forward(x);
+    CHECK(lin.forward(x).to_vector<float>() == inference.to_vector<float>());
+  }
+  // Eval mode gives the same bits whether or not gradients are recorded, train mode the same to rounding.
+  CHECK(with_grad.to_vector<float>() == inference.to_vector<float>());
+  CHECK(max_diff(inference, train_out) <= 1e-6);
+  CHECK(max_diff(inference, matmul(x, lin.weight.t()) + lin.bias) <= 1e-6);
+  // An in-place update (an optimizer step) and a new weight tensor are both seen.
+  {
+    NoGradGuard no_grad;
+    lin.weight.mul_(2.0);
+    CHECK(max_diff(lin.forward(x), matmul(x, lin.weight.t()) + lin.bias) <= 1e-6);
+    lin.weight.select(0, 3).fill_(0.5);  // through a view: the same storage's version
+    CHECK(max_diff(lin.forward(x), matmul(x, lin.weight.t()) + lin.bias) <= 1e-6);
+  }
+  lin.weight = randn({40, 24});
+  {
+    NoGradGuard no_grad;
+    CHECK(max_diff(lin.forward(x), matmul(x, lin.weight.t()) + lin.bias) <= 1e-6);
+    CHECK(lin.forward(randn({24})).sizes() == Shape{40});  // 1-D input
+  }
+  // Gradients in eval mode flow to x and the weight as in train mode.
+  Tensor xg = x.clone().requires_grad_();
+  lin.weight.requires_grad_();
+  lin.forward(xg).sum().backward();
+  CHECK(max_diff(xg.grad(), sum(lin.weight, {0}).expand({3, 5, 24})) <= 1e-5);
+  CHECK(max_diff(lin.weight.grad(), sum(x.reshape({15, 24}), {0}).expand({40, 24})) <= 1e-5);
+}
+
+TEST_CASE("KVCache: steps write in place, rows reorder, gradients still flow") {
+  Generator g(3);
+  const int64_t B = 3, H = 2, K = 4, steps = 40;  // enough steps to grow the room twice
+  std::vector<Tensor> ks, vs;
+  for (int64_t t = 0; t < steps; ++t) {
+    ks.push_back(randn({B, H, 1, K}, DType::Float32, &g));
+    vs.push_back(randn({B, H, 1, K + 1}, DType::Float32, &g));  // values may be wider than keys
+  }
+  {
+    NoGradGuard no_grad;
+    nn::KVCache cache;
+    const Storage* room = nullptr;
+    int64_t moves = 0;
+    for (int64_t t = 0; t < steps; ++t) {
+      Tensor k = ks[t], v = vs[t];
+      cache.append(k, v);
+      CHECK(k.sizes() == Shape{B, H, t + 1, K});
+      CHECK(v.sizes() == Shape{B, H, t + 1, K + 1});
+      CHECK(max_diff(cache.k, cat(std::vector<Tensor>(ks.begin(), ks.begin() + t + 1), 2)) == 0.0);
+      CHECK(max_diff(cache.v, cat(std::vector<Tensor>(vs.begin(), vs.begin() + t + 1), 2)) == 0.0);
+      moves += cache.k.storage() != room;
+      room = cache.k.storage();
+    }
+    CHECK(moves <= 4);  // the first keys, then room for 16, 32 and 64 positions: not a copy per step
+    // Rows reordered (and one dropped) keep their values, and the next step still writes in place.
+    cache.select_rows(tensor(std::vector<int64_t>{2, 0}));
+    Tensor all_k = cat(ks, 2), all_v = cat(vs, 2);
+    Tensor want_k = index_select(all_k, 0, tensor(std::vector<int64_t>{2, 0}));
+    CHECK(max_diff(cache.k, want_k) == 0.0);
+    CHECK(max_diff(cache.v, index_select(all_v, 0, tensor(std::vector<int64_t>{2, 0}))) == 0.0);
+    room = cache.k.storage();
+    Tensor k = ks[0].slice(0, 0, 2), v = vs[0].slice(0, 0, 2);
+    cache.append(k, v);
+    CHECK(cache.k.storage() == room);
+    CHECK(max_diff(cache.k, cat({want_k, ks[0].slice(0, 0, 2)}, 2)) == 0.0);
+    // Keys set from outside (not views of the room) are taken as they are.
+    cache.k = all_k.clone(), cache.v = all_v.clone();
+    k = ks[1], v = vs[1];
+    cache.append(k, v);
+    CHECK(max_diff(cache.k, cat({all_k, ks[1]}, 2)) == 0.0);
+    CHECK(max_diff(cache.v, cat({all_v, vs[1]}, 2)) == 0.0);
+  }
+  // With gradients the cache concatenates, and the gradient reaches every step's keys.
+  nn::KVCache cache;
+  Tensor k0 = ks[0].clone().requires_grad_(), k1 = ks[1].clone().requires_grad_();
+  Tensor a = k0, b = k1, va = vs[0], vb = vs[1];
+  cache.append(a, va);
+  cache.append(b, vb);
+  sum(cache.k * cache.k).backward();
+  CHECK(max_diff(k0.grad(), 2.0 * ks[0]) <= 1e-6);
+  CHECK(max_diff(k1.grad(), 2.0 * ks[1]) <= 1e-6);
+}
+
 TEST_CASE("PositionalEncoding adds the sinusoids and extends to any length") {
   nn::PositionalEncoding pe(4, 0.0, 8);
   Tensor y = pe.forward(zeros({1, 3, 4}));

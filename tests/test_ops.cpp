@@ -2,6 +2,7 @@
 // broadcast inputs.
 #include <cmath>
 
+#include "tapestry/ops/cpu/gemm.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;
@@ -104,6 +105,93 @@ TEST_CASE("max and min give values and indices, first occurrence on ties") {
   check_values(max(a), {7});
   check_values(min(a), {-2});
   CHECK(std::isnan(max(tensor({1.0, NAN, 3.0})).item<double>()));
+}
+
+TEST_CASE("max, min and argmax over long rows (the vectorized path): first occurrence, NaN first, signed zeros") {
+  // Rows of 64 and more take the 16-lane path; the scalar loop over the same values is the reference.
+  Generator g(11);
+  for (int64_t n : {64, 65, 100, 1000}) {
+    Tensor x = randint(-5, 6, {7, n}, kFloat64, &g);  // few distinct values: many ties
+    std::vector<double> v = x.to_vector<double>();
+    v[static_cast<size_t>(1 * n + n - 1)] = NAN;                  // row 1: a NaN at the end
+    v[static_cast<size_t>(2 * n + 3)] = NAN, v[static_cast<size_t>(2 * n + 40)] = NAN;  // row 2: the first NaN wins
+    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(3 * n + i)] = i % 2 ? 0.0 : -0.0;  // row 3: -0 first
+    v[static_cast<size_t>(4 * n + n - 1)] = 99;                   // row 4: the maximum at the end
+    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(5 * n + i)] = -INFINITY;
+    for (DType dt : {kFloat64, kFloat32, kInt64}) {
+      std::vector<double> finite = v;  // int64: NaN and -inf become 0 and -1e9
+      for (double& e : finite) e = std::isnan(e) ? 0.0 : std::isinf(e) ? std::copysign(1e9, e) : e;
+      Tensor t = tensor(dt == kInt64 ? finite : v, {7, n}).to(dt);
+      const std::vector<double> tv = t.to(kFloat64).to_vector<double>();
+      for (bool is_max : {true, false}) {
+        auto [vals, idx] = is_max ? max(t, 1) : min(t, 1);
+        const std::vector<double> got = vals.to(kFloat64).to_vector<double>();
+        const std::vector<int64_t> at = idx.to_vector<int64_t>();
+        for (int64_t r = 0; r < 7; ++r) {
+          int64_t best = 0;
+          const double* row = tv.data() + r * n;
+          for (int64_t i = 1; i < n && !std::isnan(row[best]); ++i)
+            if (std::isnan(row[i]) || (is_max ? row[i] > row[best] : row[i] < row[best])) best = i;
+          CHECK_MESSAGE(at[static_cast<size_t>(r)] == best, "row ", r, " n ", n, " ", dt);
+          const double want = row[best], have = got[static_cast<size_t>(r)];
+          CHECK((std::isnan(want) ? std::isnan(have) : have == want && std::signbit(have) == std::signbit(want)));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("log_softmax and softmax over long rows equal float64's in float32") {
+  Generator g(12);
+  for (int64_t n : {1, 255, 256, 257, 8000}) {
+    Tensor x = randn({5, n}, kFloat32, &g) * 30.0;
+    Tensor ref = log_softmax(x.to(kFloat64), -1);
+    CHECK(max_diff(log_softmax(x, -1), ref) <= 2e-6);
+    CHECK(max_diff(softmax(x, -1), softmax(x.to(kFloat64), -1)) <= 2e-6);
+    // The same along a non-last dim (the strided loops).
+    CHECK(max_diff(log_softmax(x.t().contiguous(), 0), ref.t()) <= 2e-6);
+  }
+}
+
+TEST_CASE("float32 gemm of every small shape (the register loop) equals float64's, any transpose, alpha, beta") {
+  Generator g(13);
+  const std::vector<int64_t> sizes = {1, 2, 3, 4, 5, 15, 16, 17, 31, 32, 33, 40};
+  int64_t tried = 0;
+  for (int64_t m : {1, 2, 3, 5})
+    for (int64_t n : sizes)
+      for (int64_t k : sizes)
+        for (int flags = 0; flags < 4; ++flags) {
+          const bool ta = flags & 1, tb = flags & 2;
+          const double alpha = tried % 3 == 0 ? 1.0 : 0.37, beta = tried % 4 == 0 ? 0.0 : (tried % 4 == 1 ? 1.0 : -0.5);
+          // A is m x k (stored k x m when ta), B k x n (stored n x k when tb), C m x n with a wider row stride.
+          const int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 2, ldc = n + 3;
+          Tensor a = randn({ta ? k : m, lda}, kFloat64, &g), b = randn({tb ? n : k, ldb}, kFloat64, &g);
+          Tensor c = randn({m, ldc}, kFloat64, &g);
+          if (beta == 0.0) c.select(1, 0).fill_(NAN);  // beta 0 ignores C, NaN included (as BLAS)
+          std::vector<float> af = a.to(kFloat32).to_vector<float>(), bf = b.to(kFloat32).to_vector<float>(),
+                             cf = c.to(kFloat32).to_vector<float>();
+          std::vector<double> ad = a.to(kFloat32).to(kFloat64).to_vector<double>(),
+                              bd = b.to(kFloat32).to(kFloat64).to_vector<double>(),
+                              cd = c.to(kFloat32).to(kFloat64).to_vector<double>();
+          kernels::cpu::gemm(ta, tb, m, n, k, static_cast<float>(alpha), af.data(), lda, bf.data(), ldb,
+                             static_cast<float>(beta), cf.data(), ldc);
+          double worst = 0;
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double s = 0;
+              for (int64_t p = 0; p < k; ++p)
+                s += (ta ? ad[p * lda + i] : ad[i * lda + p]) * (tb ? bd[j * ldb + p] : bd[p * ldb + j]);
+              const double want = alpha * s + (beta == 0.0 ? 0.0 : beta * cd[i * ldc + j]);
+              worst = std::max(worst, std::fabs(cf[static_cast<size_t>(i * ldc + j)] - want) / (1.0 + std::fabs(want)));
+            }
+          // Columns past n are never written.
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = n; j < ldc; ++j)
+              if (!(cf[static_cast<size_t>(i * ldc + j)] == static_cast<float>(cd[i * ldc + j]))) worst = INFINITY;
+          CHECK_MESSAGE(worst <= 1e-5, "m ", m, " n ", n, " k ", k, " ta ", ta, " tb ", tb);
+          ++tried;
+        }
+  CHECK(tried == 4 * 12 * 12 * 4);
 }
 
 TEST_CASE("softmax and log_softmax are stable and normalized") {

@@ -3,6 +3,7 @@
 // the error messages, float64 gradchecks on contiguous and non-contiguous inputs, and
 // multinomial: reproducible draws, thread-count independence, frequencies, zero weights,
 // sampling without replacement and bad probabilities.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -266,6 +267,45 @@ TEST_CASE("topk: the k largest or smallest, lowest index first among equals") {
   CHECK(contains(error_of([] { topk(zeros({3, 0}), 1); }), "topk: selected index k out of range"));
   CHECK(contains(error_of([&] { topk(gt(x, 0.0), 1); }), "topk: not supported for bool tensors"));
   CHECK(contains(error_of([&] { topk(x, 1, 1); }), "topk: dim 1 out of range"));
+}
+
+TEST_CASE("topk of a few from long rows (the insertion path) equals a stable sort, ties and NaN rows included") {
+  Generator g(14);
+  for (int64_t n : {1, 17, 300, 8000})
+    for (int64_t k : {1, 2, 8, 16, 17}) {
+      if (k > n) continue;
+      Tensor x = randint(-20, 21, {6, n}, kFloat64, &g);  // ties everywhere
+      std::vector<double> v = x.to_vector<double>();
+      v[static_cast<size_t>(n / 2)] = NAN;  // row 0 holds a NaN: the general path
+      v[static_cast<size_t>(n + n - 1)] = kInf, v[static_cast<size_t>(2 * n)] = -kInf;
+      for (DType dt : {kFloat64, kFloat32, kInt64}) {
+        std::vector<double> finite = v;  // int64: NaN and +-inf become 0 and +-1e9
+        for (double& e : finite) e = std::isnan(e) ? 0.0 : std::isinf(e) ? std::copysign(1e9, e) : e;
+        Tensor t = tensor(dt == kInt64 ? finite : v, {6, n}).to(dt);
+        const std::vector<double> tv = t.to(kFloat64).to_vector<double>();
+        for (bool largest : {true, false}) {
+          ValuesIndices got = topk(t, k, -1, largest);
+          const std::vector<int64_t> at = ints(got.indices);
+          const std::vector<double> vals = got.values.to(kFloat64).to_vector<double>();
+          for (int64_t r = 0; r < 6; ++r) {
+            std::vector<int64_t> order(static_cast<size_t>(n));
+            for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+            const double* row = tv.data() + r * n;
+            auto rank = [&](double u) { return std::isnan(u) ? (largest ? kInf : -kInf) : u; };  // NaN is the largest
+            std::stable_sort(order.begin(), order.end(), [&](int64_t p, int64_t q) {
+              const bool pn = std::isnan(row[p]), qn = std::isnan(row[q]);
+              if (pn != qn) return largest ? pn : qn;
+              return largest ? rank(row[p]) > rank(row[q]) : rank(row[p]) < rank(row[q]);
+            });
+            for (int64_t i = 0; i < k; ++i) {
+              CHECK_MESSAGE(at[static_cast<size_t>(r * k + i)] == order[static_cast<size_t>(i)], "n ", n, " k ", k, " row ", r);
+              const double want = row[order[static_cast<size_t>(i)]], have = vals[static_cast<size_t>(r * k + i)];
+              CHECK((std::isnan(want) ? std::isnan(have) : have == want));
+            }
+          }
+        }
+      }
+    }
 }
 
 TEST_CASE("sort, topk and cumsum do not depend on the thread count") {

@@ -9,6 +9,7 @@
 #include "apps/data/text.h"
 #include "apps/tasks/translation.h"
 #include "tapestry/ops/factory.h"
+#include "tapestry/ops/profile.h"
 #include "tools/cli.h"
 
 namespace tapestry::tools {
@@ -37,7 +38,7 @@ Subcommand add_translate(CLI::App& app) {
     std::string dir, input, weights;
     int64_t beam = 4, batch = 50, threads = 0;
     double alpha = 0.6;
-    bool greedy = false;
+    bool greedy = false, profile = false;
     std::string device = "cpu";
   };
   auto f = std::make_shared<Flags>();
@@ -54,6 +55,7 @@ Subcommand add_translate(CLI::App& app) {
   translate->add_option("--weights", f->weights,
                         "weights file in the checkpoint directory (default: model.avg.safetensors if the run averaged, "
                         "else model.safetensors)");
+  translate->add_flag("--profile", f->profile, "print the time spent per op to standard error after decoding");
   return {translate, [f, alpha] {
     if (alpha->count() == 0) f->alpha = run_alpha(f->dir + "/config.toml", f->alpha);
     auto lines = f->input.empty() ? apps::read_lines(std::cin, "<stdin>") : apps::read_lines(f->input);
@@ -64,12 +66,23 @@ Subcommand add_translate(CLI::App& app) {
                  f->greedy ? "greedy" : fmt::format("beam {}, alpha {}", f->beam, f->alpha).c_str(),
                  static_cast<long long>(f->batch));
     // The timer covers tokenizing, decoding and detokenizing (tools/decode-race.sh reads this line).
+    profile::set_enabled(f->profile);
     const auto start = std::chrono::steady_clock::now();
     const auto outs = apps::translate(translator, lines, f->greedy ? 1 : f->beam, f->alpha, f->batch);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     for (const auto& out : outs) std::printf("%s\n", out.c_str());
     std::fprintf(stderr, "translate: %zu sentences in %.3f s (%.1f sentences/s)\n", outs.size(), seconds,
                  seconds > 0 ? static_cast<double>(outs.size()) / seconds : 0.0);
+    if (f->profile) {  // outermost op scopes only, so the shares add up (see ops/profile.h)
+      double seen = 0;
+      for (auto& [name, e] : profile::report()) {
+        seen += e.ms / 1000;
+        std::fprintf(stderr, "  %-26s %8.3f s %6.1f%% %9lld calls\n", name.c_str(), e.ms / 1000,
+                     100 * e.ms / 1000 / seconds, static_cast<long long>(e.calls));
+      }
+      std::fprintf(stderr, "  %-26s %8.3f s %6.1f%%\n", "(engine, search, rest)", seconds - seen,
+                   100 * (seconds - seen) / seconds);
+    }
     return 0;
   }};
 }

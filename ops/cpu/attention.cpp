@@ -180,9 +180,10 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
       std::vector<T> row_max(kRows), row_sum(kRows);
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t s = t / row_blocks, r0 = (t % row_blocks) * kRows, rows = std::min(kRows, L.tq - r0);
-        std::fill(acc.begin(), acc.end(), T(0));
-        std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<T>::infinity());
-        std::fill(row_sum.begin(), row_sum.end(), T(0));
+        // Only the block's rows: a decoding step's block is one row of kRows.
+        std::fill_n(acc.begin(), rows * L.ev, T(0));
+        std::fill_n(row_max.begin(), rows, -std::numeric_limits<T>::infinity());
+        std::fill_n(row_sum.begin(), rows, T(0));
         for (int64_t c0 = 0; c0 < L.tk; c0 += kCols) {
           if (!causal_visible(L, r0, rows, c0)) break;
           const int64_t cols = std::min(kCols, L.tk - c0);

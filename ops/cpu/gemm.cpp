@@ -90,12 +90,95 @@ void signal_stacks() {
 }
 #endif
 
+// Products this small (a decoding step's attention: one query row against a few dozen keys of 32
+// or 64 dims, a thousand such per step) cost less in a plain loop than in a library's dispatch.
+constexpr int64_t kSmallGemm = 8192;  // multiply-adds
+
+// 16 floats (GCC/Clang vector extensions: AVX-512, or two AVX registers, or four SSE ones,
+// whatever -march allows; portable C++ elsewhere is not needed, both compilers have them).
+using F16 = float __attribute__((vector_size(64)));
+inline F16 load16(const float* p) {
+  F16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline float lanes_sum(F16 v) {
+  float s = 0;
+  for (int l = 0; l < 16; ++l) s += v[l];
+  return s;
+}
+
+void small_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  auto store = [&](float* cij, float v) { *cij = alpha * v + (beta == 0.0f ? 0.0f : beta * *cij); };  // beta 0 ignores C, as BLAS
+  std::vector<float> row;  // op(A)'s row i, contiguous (a transposed A is strided)
+  for (int64_t i = 0; i < m; ++i) {
+    const float* ai = a + i * lda;
+    if (ta) {
+      row.resize(static_cast<size_t>(k));
+      for (int64_t p = 0; p < k; ++p) row[static_cast<size_t>(p)] = a[p * lda + i];
+      ai = row.data();
+    }
+    float* ci = c + i * ldc;
+    if (tb) {  // B stored n x k: c_ij = (row i of op(A)) . (row j of B), four rows of B at a time
+      int64_t j = 0;
+      for (; j + 4 <= n; j += 4) {
+        const float *b0 = b + j * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
+        F16 s0 = {}, s1 = {}, s2 = {}, s3 = {};
+        int64_t p = 0;
+        for (; p + 16 <= k; p += 16) {
+          const F16 x = load16(ai + p);
+          s0 += x * load16(b0 + p), s1 += x * load16(b1 + p), s2 += x * load16(b2 + p), s3 += x * load16(b3 + p);
+        }
+        float r0 = lanes_sum(s0), r1 = lanes_sum(s1), r2 = lanes_sum(s2), r3 = lanes_sum(s3);
+        for (; p < k; ++p) r0 += ai[p] * b0[p], r1 += ai[p] * b1[p], r2 += ai[p] * b2[p], r3 += ai[p] * b3[p];
+        store(ci + j, r0), store(ci + j + 1, r1), store(ci + j + 2, r2), store(ci + j + 3, r3);
+      }
+      for (; j < n; ++j) {
+        const float* bj = b + j * ldb;
+        F16 s0 = {};
+        int64_t p = 0;
+        for (; p + 16 <= k; p += 16) s0 += load16(ai + p) * load16(bj + p);
+        float r = lanes_sum(s0);
+        for (; p < k; ++p) r += ai[p] * bj[p];
+        store(ci + j, r);
+      }
+    } else {  // B stored k x n: C's row i, 32 columns at a time held in registers over all of k
+      int64_t j = 0;
+      for (; j + 32 <= n; j += 32) {
+        // Even and odd p in separate accumulators: four independent multiply-add chains.
+        F16 acc0 = {}, acc1 = {}, odd0 = {}, odd1 = {};
+        int64_t p = 0;
+        for (; p + 2 <= k; p += 2) {
+          const float* bp = b + p * ldb + j;
+          acc0 += ai[p] * load16(bp), acc1 += ai[p] * load16(bp + 16);
+          odd0 += ai[p + 1] * load16(bp + ldb), odd1 += ai[p + 1] * load16(bp + ldb + 16);
+        }
+        if (p < k) acc0 += ai[p] * load16(b + p * ldb + j), acc1 += ai[p] * load16(b + p * ldb + j + 16);
+        acc0 += odd0, acc1 += odd1;
+        for (int l = 0; l < 16; ++l) store(ci + j + l, acc0[l]), store(ci + j + 16 + l, acc1[l]);
+      }
+      for (; j + 16 <= n; j += 16) {
+        F16 acc0 = {};
+        for (int64_t p = 0; p < k; ++p) acc0 += ai[p] * load16(b + p * ldb + j);
+        for (int l = 0; l < 16; ++l) store(ci + j + l, acc0[l]);
+      }
+      for (; j < n; ++j) {
+        float r = 0;
+        for (int64_t p = 0; p < k; ++p) r += ai[p] * b[p * ldb + j];
+        store(ci + j, r);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 const char* gemm_library() { return use_onednn() ? "onednn" : "openblas"; }
 
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m * n * k <= kSmallGemm) return small_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #ifdef TAPESTRY_WITH_ONEDNN
   if (use_onednn()) {
     if (m == 0 || n == 0) return;

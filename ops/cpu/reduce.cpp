@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "tapestry/ops/cpu/loops.h"
 #include "tapestry/ops/factory.h"
@@ -213,6 +214,41 @@ Tensor reduce(const char* op, Reduce kind, const Tensor& a, const std::vector<in
   return out;
 }
 
+// The maximum (or minimum) of x[0..n) and the first index holding it; the first NaN if there is
+// one, as the scalar loop below. 16 lanes keep running extremes and see NaNs, then one pass finds
+// where the winner first occurs: two cheap vector passes instead of a serial compare chain.
+template <class T>
+std::pair<T, int64_t> unit_stride_extreme(const T* x, int64_t n, bool is_max) {
+  T lane[16];
+  bool nan[16] = {};
+  std::fill_n(lane, 16, x[0]);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+#pragma omp simd
+    for (int j = 0; j < 16; ++j) {
+      const T v = x[i + j];
+      lane[j] = (is_max ? v > lane[j] : v < lane[j]) ? v : lane[j];
+      nan[j] |= v != v;
+    }
+  T best = x[0];
+  bool any_nan = false;
+  for (int j = 0; j < 16; ++j) {
+    best = (is_max ? lane[j] > best : lane[j] < best) ? lane[j] : best;
+    any_nan |= nan[j];
+  }
+  for (; i < n; ++i) {
+    best = (is_max ? x[i] > best : x[i] < best) ? x[i] : best;
+    any_nan |= x[i] != x[i];
+  }
+  int64_t at = 0;
+  if (any_nan) {
+    while (x[at] == x[at]) ++at;
+  } else {
+    while (x[at] != best) ++at;
+  }
+  return {x[at], at};  // x[at], not best: of 0 and -0, the first one's sign
+}
+
 std::pair<Tensor, Tensor> reduce_with_index(const char* op, Reduce kind, const Tensor& a, int64_t dim, bool keepdim) {
   TP_PROFILE(op);
   const int64_t nd = a.dim();
@@ -241,6 +277,15 @@ std::pair<Tensor, Tensor> reduce_with_index(const char* op, Reduce kind, const T
     const int64_t n_out = shape_numel(kept.shape);
     parallel_for(0, n_out, std::max<int64_t>(1, cpu::kGrainSize / n), [&](int64_t b, int64_t e) {
       kept.walk(0, b, e, [&, o = b](int64_t base) mutable {
+        if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+          if (stride == 1 && n >= 64) {  // a row: vectorized (decoding's argmax over the vocabulary)
+            const auto [value, index] = unit_stride_extreme(pa + base, n, kind == Reduce::Max);
+            pv[o] = value;
+            pi[o] = index;
+            ++o;
+            return;
+          }
+        }
         T best = pa[base];
         int64_t arg = 0;
         for (int64_t i = 1; i < n && !is_nan(best); ++i) {
@@ -280,13 +325,34 @@ Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {
                      T* y = po + base;
                      const int64_t s = rv.inner;
                      const int64_t n = rv.n;
+                     // Each pass has a unit-stride twin, the common case (the last dim), vectorized.
                      T mx = -std::numeric_limits<T>::infinity();
-                     for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i * s]);
+                     if (s == 1) {
+                       // 16 running maxima, then one: a single one is a serial chain of vmaxss.
+                       // (NaN is skipped, as std::max(mx, NaN) does; the sum makes the row NaN.)
+                       T lane[16];
+                       std::fill_n(lane, 16, mx);
+                       int64_t i = 0;
+                       for (; i + 16 <= n; i += 16)
+#pragma omp simd
+                         for (int j = 0; j < 16; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+                       for (; i < n; ++i) mx = std::max(mx, x[i]);
+                       for (int j = 0; j < 16; ++j) mx = std::max(mx, lane[j]);
+                     } else {
+                       for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i * s]);
+                     }
                      // A row masked entirely to -inf has no max to subtract: softmax gives NaN, as in PyTorch.
                      double sum = 0;
-                     if (s == 1) {  // the common case, vectorized
-#pragma omp simd reduction(+ : sum)
-                       for (int64_t i = 0; i < n; ++i) sum += vexp(x[i] - mx);
+                     if (s == 1) {
+                       // Blocks of 256 summed in T, in vector lanes, then in double: a double
+                       // accumulator per element keeps the loop scalar (4x slower on AVX-512).
+                       for (int64_t i0 = 0; i0 < n; i0 += 256) {
+                         const int64_t i1 = std::min<int64_t>(n, i0 + 256);
+                         T part = 0;
+#pragma omp simd reduction(+ : part)
+                         for (int64_t i = i0; i < i1; ++i) part += vexp(x[i] - mx);
+                         sum += part;
+                       }
                      } else {
                        for (int64_t i = 0; i < n; ++i) sum += vexp(x[i * s] - mx);
                      }
@@ -294,7 +360,12 @@ Tensor softmax(const Tensor& a_in, int64_t dim, bool log) {
                        // (x - max) - log(sum), never x - (max + log(sum)): max + log(sum) rounds
                        // away the log-sum at large magnitudes (1e300 + log 2 == 1e300).
                        const T log_sum = static_cast<T>(std::log(sum));
-                       for (int64_t i = 0; i < n; ++i) y[i * s] = (x[i * s] - mx) - log_sum;
+                       if (s == 1) {
+#pragma omp simd
+                         for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mx) - log_sum;
+                       } else {
+                         for (int64_t i = 0; i < n; ++i) y[i * s] = (x[i * s] - mx) - log_sum;
+                       }
                      } else {
                        T inv = static_cast<T>(1.0 / sum);
                        if (s == 1) {

@@ -178,6 +178,31 @@ std::pair<Tensor, Tensor> sort(const Tensor& a_in, int64_t dim, bool descending,
   return {values, indices};
 }
 
+namespace {
+
+constexpr int64_t kFewTop = 16;
+
+// The kk (<= kFewTop) best of x[0..n) in PairOrder (ties: lower index first) by insertion, to
+// values/indices with stride `out`. False, with nothing written, if the row holds a NaN.
+template <class T>
+bool few_top(const T* x, int64_t n, int64_t kk, bool largest, T* values, int64_t* indices, int64_t out) {
+  T val[kFewTop];
+  int64_t idx[kFewTop], held = 0;
+  auto better = [largest](T u, T v) { return largest ? u > v : u < v; };
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = x[i];
+    if (v != v) return false;
+    if (held == kk && !better(v, val[kk - 1])) continue;  // equal ranks after: it comes later
+    int64_t p = held < kk ? held++ : kk - 1;
+    for (; p > 0 && better(v, val[p - 1]); --p) val[p] = val[p - 1], idx[p] = idx[p - 1];
+    val[p] = v, idx[p] = i;
+  }
+  for (int64_t i = 0; i < kk; ++i) values[i * out] = val[i], indices[i * out] = idx[i];
+  return true;
+}
+
+}  // namespace
+
 std::pair<Tensor, Tensor> topk(const Tensor& a_in, int64_t k, int64_t dim, bool largest, bool sorted) {
   TP_PROFILE("topk");
   dim = wrap_dim("topk", dim, a_in.dim());
@@ -208,6 +233,14 @@ std::pair<Tensor, Tensor> topk(const Tensor& a_in, int64_t k, int64_t dim, bool 
       std::pair<T, int64_t>* row = buf.data();
       for (int64_t r = b; r < e; ++r) {
         const int64_t in_base = in_rows.base(r), out_base = out_rows.base(r);
+        if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+          // A few of a long row, sorted (beam search's 2K of the vocabulary): one pass keeps the kk
+          // best in order, most elements cost one compare with the kk-th. A NaN sends the row on
+          // to the general path below.
+          if (sorted && kk <= kFewTop && in_rows.inner == 1 &&
+              few_top(pa + in_base, n, kk, largest, pv + out_base, pi + out_base, out_rows.inner))
+            continue;
+        }
         for (int64_t i = 0; i < n; ++i) row[i] = {pa[in_base + i * in_rows.inner], i};
         if (sorted) {
           std::partial_sort(row, row + kk, row + n, order);

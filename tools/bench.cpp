@@ -239,6 +239,43 @@ int run_vit_bench(const BenchOptions& o, int threads) {
   return 0;
 }
 
+// x W^T as the `small` Transformer's decoder and training meet it, rows x in -> out, with W read
+// transposed from its [out, in] storage (linear's training path) against a contiguous W^T
+// [in, out] (nn::Linear's copy for inference): median microseconds and GFLOP/s of each.
+// tools/reference/bench_torch.py --layouts times torch's x @ W.t() on the same shapes.
+int run_layouts(const BenchOptions& o, int threads) {
+  NoGradGuard no_grad;
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{256, 8000}, {256, 256}, {256, 1024}, {1024, 256}};
+  if (!o.json) std::printf("x W^T, %d threads, %s: microseconds (GFLOP/s), W read transposed -> W^T contiguous\n", threads, gemm_library().c_str());
+  std::string json;
+  for (int64_t rows : {8, 32, 64, 256, 2048}) {
+    if (!o.json) std::printf("rows %5lld", static_cast<long long>(rows));
+    for (auto [in, out] : shapes) {
+      Tensor x = randn({rows, in}), w = randn({out, in}), wt = w.t().contiguous();
+      auto time = [&](const Tensor& b) {
+        std::vector<double> ms;
+        const int reps = rows >= 2048 ? 5 : 50;
+        for (int r = 0; r < reps + 3; ++r) {
+          const double t0 = now_ms();
+          matmul(x, b);
+          if (r >= 3) ms.push_back(now_ms() - t0);
+        }
+        return 1000 * median(ms);
+      };
+      const double read_t = time(w.t()), contig = time(wt), flop = 2.0 * static_cast<double>(rows * in * out);
+      if (o.json)
+        json += fmt::format("{}{{\"rows\": {}, \"in\": {}, \"out\": {}, \"transposed_us\": {:.1f}, \"contiguous_us\": {:.1f}}}",
+                            json.empty() ? "" : ", ", rows, in, out, read_t, contig);
+      else
+        std::printf("  %4lld->%-4lld %7.1f (%3.0f) -> %7.1f (%3.0f)", static_cast<long long>(in), static_cast<long long>(out),
+                    read_t, flop / read_t / 1e3, contig, flop / contig / 1e3);
+    }
+    if (!o.json) std::printf("\n");
+  }
+  if (o.json) std::printf("{\"impl\": \"tapestry\", \"threads\": %d, \"layouts\": [%s]}\n", threads, json.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int run_bench(const BenchOptions& o) {
@@ -256,6 +293,7 @@ int run_bench(const BenchOptions& o) {
   int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   set_num_threads(threads);
   manual_seed(1234);
+  if (o.layouts) return run_layouts(o, threads);
   bench_device = Device::parse(o.device);
   cuda::set_attention_kernel(cuda::parse_attention_kernel(o.attention));
   if (bench_device.is_cuda()) cuda::reset_peak_memory(bench_device);
@@ -366,6 +404,7 @@ Subcommand add_bench(CLI::App& app) {
   bench->add_flag("--json", o->json, "one JSON object on one line");
   bench->add_flag("--profile", o->profile, "also print per-op times of the train step");
   bench->add_flag("--peak", o->peak, "measure the machine's fp32 FMA peak instead");
+  bench->add_flag("--layouts", o->layouts, "time x W^T from both weight layouts instead (nn::Linear's inference copy)");
   bench->add_flag("--checkpoint-activations", o->checkpoint_activations, "recompute each block during backward (less "
                   "memory, about one more forward)");
   bench->add_option("--precision", o->precision, "fp32, or bf16: the train step's matmuls in bfloat16 (AVX512-BF16)")

@@ -12,6 +12,7 @@ struct BenchOptions {
   bool json = false;
   bool profile = false;  // per-op times of the train step
   bool peak = false;     // only measure the FMA peak
+  bool layouts = false;  // only time x W^T from both weight layouts (see bench.cpp)
   std::string device = "cpu";  // cpu, cuda or cuda:N
   std::string attention = "auto";  // the GPU's attention kernel: auto, gemm or tiled
   std::string precision = "fp32";  // the Trainer's --precision

@@ -183,19 +183,31 @@ namespace {
 constexpr int64_t kFewTop = 16;
 
 // The kk (<= kFewTop) best of x[0..n) in PairOrder (ties: lower index first) by insertion, to
-// values/indices with stride `out`. False, with nothing written, if the row holds a NaN.
-template <class T>
-bool few_top(const T* x, int64_t n, int64_t kk, bool largest, T* values, int64_t* indices, int64_t out) {
+// values/indices with stride `out`. False, with nothing written, if the row holds a NaN. Once kk
+// are held, a block of 16 with nothing better than the kk-th (and no NaN) is passed over whole:
+// one vector compare for most of a vocabulary.
+template <bool Largest, class T>
+bool few_top(const T* x, int64_t n, int64_t kk, T* values, int64_t* indices, int64_t out) {
   T val[kFewTop];
   int64_t idx[kFewTop], held = 0;
-  auto better = [largest](T u, T v) { return largest ? u > v : u < v; };
-  for (int64_t i = 0; i < n; ++i) {
-    const T v = x[i];
-    if (v != v) return false;
-    if (held == kk && !better(v, val[kk - 1])) continue;  // equal ranks after: it comes later
-    int64_t p = held < kk ? held++ : kk - 1;
-    for (; p > 0 && better(v, val[p - 1]); --p) val[p] = val[p - 1], idx[p] = idx[p - 1];
-    val[p] = v, idx[p] = i;
+  auto better = [](T u, T v) { return Largest ? u > v : u < v; };
+  for (int64_t i0 = 0; i0 < n; i0 += 16) {
+    const int64_t i1 = std::min<int64_t>(n, i0 + 16);
+    if (held == kk && i1 - i0 == 16) {
+      const T worst = val[kk - 1];
+      bool any = false;
+#pragma omp simd reduction(| : any)
+      for (int64_t l = 0; l < 16; ++l) any |= better(x[i0 + l], worst) | (x[i0 + l] != x[i0 + l]);
+      if (!any) continue;
+    }
+    for (int64_t i = i0; i < i1; ++i) {
+      const T v = x[i];
+      if (v != v) return false;
+      if (held == kk && !better(v, val[kk - 1])) continue;  // equal ranks after: it comes later
+      int64_t p = held < kk ? held++ : kk - 1;
+      for (; p > 0 && better(v, val[p - 1]); --p) val[p] = val[p - 1], idx[p] = idx[p - 1];
+      val[p] = v, idx[p] = i;
+    }
   }
   for (int64_t i = 0; i < kk; ++i) values[i * out] = val[i], indices[i * out] = idx[i];
   return true;
@@ -238,7 +250,8 @@ std::pair<Tensor, Tensor> topk(const Tensor& a_in, int64_t k, int64_t dim, bool 
           // best in order, most elements cost one compare with the kk-th. A NaN sends the row on
           // to the general path below.
           if (sorted && kk <= kFewTop && in_rows.inner == 1 &&
-              few_top(pa + in_base, n, kk, largest, pv + out_base, pi + out_base, out_rows.inner))
+              (largest ? few_top<true>(pa + in_base, n, kk, pv + out_base, pi + out_base, out_rows.inner)
+                       : few_top<false>(pa + in_base, n, kk, pv + out_base, pi + out_base, out_rows.inner)))
             continue;
         }
         for (int64_t i = 0; i < n; ++i) row[i] = {pa[in_base + i * in_rows.inner], i};

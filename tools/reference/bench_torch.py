@@ -97,6 +97,27 @@ def autocast(a):
     return contextlib.nullcontext()
 
 
+def layouts(a):
+    """x @ W.t() with W stored [out, in], as nn.Linear multiplies: median microseconds (GFLOP/s)."""
+    shapes = [(256, 8000), (256, 256), (256, 1024), (1024, 256)]
+    print(f"x @ W.t(), {a.threads} threads, torch {torch.__version__}: microseconds (GFLOP/s)")
+    with torch.no_grad():
+        for rows in (8, 32, 64, 256, 2048):
+            cells = []
+            for i, o in shapes:
+                x, w = torch.randn(rows, i), torch.randn(o, i)
+                times = []
+                reps = 5 if rows >= 2048 else 50
+                for r in range(reps + 3):
+                    t0 = time.perf_counter()
+                    x @ w.t()
+                    if r >= 3:
+                        times.append(time.perf_counter() - t0)
+                us = 1e6 * statistics.median(times)
+                cells.append(f"{i:4d}->{o:<4d} {us:7.1f} ({2 * rows * i * o / us / 1e3:3.0f})")
+            print(f"rows {rows:5d}  " + "  ".join(cells))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", default="small", choices=list(WORKLOADS) + ["vit"])
@@ -107,6 +128,8 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                     help="bf16: the train step's forward under torch.autocast (CPU)")
+    ap.add_argument("--layouts", action="store_true",
+                    help="time x @ W.t() on the shapes of tapestry bench --layouts instead")
     a = ap.parse_args()
     if a.precision == "bf16" and dev_type(a.device) != "cpu":
         sys.exit("bench_torch: --precision bf16 is the CPU autocast comparison")
@@ -123,6 +146,9 @@ def main():
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(1234)
+    if a.layouts:
+        layouts(a)
+        return
     if a.workload == "vit":
         r = vit_bench(a, dev, wait)
         print(json.dumps(r) if a.json else "\n".join(f"{k:22s} {val}" for k, val in r.items()))

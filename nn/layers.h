@@ -27,11 +27,12 @@ class Linear : public Module {
   double lora_scale = 0, lora_dropout = 0;
 
  private:
-  // In eval mode where no gradient is recorded (inference), on a float32 CPU weight, forward
-  // multiplies by a contiguous copy of W^T, [in, out]: oneDNN runs x W^T 1.2-3.4x faster from
-  // that layout than from W's [out, in] at decoding's shapes (docs/benchmarks.md). Rebuilt when
-  // the weight changes (another storage or offset, or an in-place write, which bumps its
-  // version). The sums then run in another order: such outputs equal train mode's to rounding.
+  // In eval mode, on a float32 CPU weight, forward multiplies by W^T laid out [in, out], and
+  // where no gradient is recorded (inference) it keeps that copy until the weight changes (another
+  // storage or offset, or an in-place write, which bumps its version). oneDNN runs x W^T up to
+  // 5.7x faster from that layout than from W's [out, in] at decoding's 8-256 rows, and within 4%
+  // where it does not gain (`tapestry bench --layouts`, docs/benchmarks.md). The sums run in
+  // another order: eval outputs equal train mode's to rounding.
   Tensor transposed_weight() const;
   struct TransposedCache {
     std::mutex mutex;

@@ -146,9 +146,10 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
     // Only what the search needs comes to the host: each row's M best continuations (score and
     // token), one copy of [2, rows, M]. The 2K best of a sentence over all its beams are among
     // its rows' 2K best each. A row's float32 log-probs are ranked first and only its M best get
-    // the beam's score added, in double as the host would: distinct float32 values stay distinct
-    // (and ordered) after adding one double, so this is the full search's ranking exactly (ties:
-    // lower beam, then lower token), without a [rows, V] array of doubles per step.
+    // the beam's score added, in double as the host would. Adding one double keeps their order,
+    // and keeps distinct ones distinct: below log(1/2), where all but one of a row lie, float32
+    // log-probs differ by 6e-8 or more, far above the sum's double rounding. So this is the full
+    // search's ranking (ties: lower beam, then lower token) without [rows, V] doubles per step.
     const int64_t M = std::min<int64_t>(2 * K, V);
     auto [top_lp, top_tokens] = topk(lp, M, -1, /*largest=*/true, /*sorted=*/true);
     Tensor top_scores = top_lp.to(DType::Float64) + tensor(scores, {rows, 1}).to(lp.device());

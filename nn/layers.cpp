@@ -45,7 +45,7 @@ Tensor Linear::forward(const Tensor& x) const {
 Tensor Linear::transposed_weight() const {
   std::lock_guard<std::mutex> lock(wt_cache_->mutex);  // forward is const: callers may share a module
   TransposedCache& c = *wt_cache_;
-  if (!c.wt.defined() || c.of.storage() != weight.storage() || c.of.raw_data() != weight.raw_data() ||
+  if (!c.wt.defined() || c.of.storage() != weight.storage() || c.of.offset() != weight.offset() ||
       c.of.sizes() != weight.sizes() || c.of.strides() != weight.strides() || c.version != weight.version()) {
     NoGradGuard no_grad;
     c.wt = weight.t().contiguous();
@@ -100,7 +100,8 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_model_, int64_t heads_, double 
 
 bool KVCache::in_room() const {
   auto starts = [](const Tensor& view, const Tensor& room) {
-    return room.defined() && view.storage() == room.storage() && view.raw_data() == room.raw_data() &&
+    // Storage and offset, not raw_data(): on a device the host may not touch its memory.
+    return room.defined() && view.storage() == room.storage() && view.offset() == room.offset() &&
            view.strides() == room.strides() && view.size(0) == room.size(0) && view.size(2) <= room.size(2);
   };
   return starts(k, k_room) && starts(v, v_room);

@@ -102,10 +102,20 @@ inline F16 load16(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
+using F8 = float __attribute__((vector_size(32)));
+using F4 = float __attribute__((vector_size(16)));
+// The lanes added as a tree (halves, then quarters): a chain of 16 scalar adds was the attention
+// step's critical path, one per key.
 inline float lanes_sum(F16 v) {
-  float s = 0;
-  for (int l = 0; l < 16; ++l) s += v[l];
-  return s;
+  F8 lo, hi;
+  std::memcpy(&lo, &v, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+  const F8 h = lo + hi;
+  F4 a, b;
+  std::memcpy(&a, &h, sizeof a);
+  std::memcpy(&b, reinterpret_cast<const char*>(&h) + sizeof a, sizeof b);
+  const F4 q = a + b;
+  return (q[0] + q[2]) + (q[1] + q[3]);
 }
 
 void small_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,

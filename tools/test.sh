@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets everything up and runs every test, in three stages (CI runs all three through .ci/run):
+# Sets everything up and runs every test, in four stages (CI runs all four through .ci/run):
 #   release   a Release build in build/ with MPI (-DTAPESTRY_MPI=ON) and the whole ctest suite,
 #             one test at a time, the 2-rank `dist` test included (labels `long` and `soak`
 #             excluded: `ctest -L long` / `-L soak` run them)

@@ -5,7 +5,8 @@
 #             excluded: `ctest -L long` / `-L soak` run them)
 #   sanitize  the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, in build-sanitize/
 #             (RelWithDebInfo), without MPI (the one-process build every user gets by default),
-#             less the `kill` loop (kept to the release stage for time)
+#             less the `kill` loop and the `convergence` tests (trainings to a quality threshold,
+#             8-20x slower under the sanitizers; both kept to the release stage for time)
 #   cuda      the CUDA variant (-DTAPESTRY_CUDA=ON with MPI and NCCL, nvcc from /usr/local/cuda, sm_80/90) in
 #             build-cuda/: the library, the command line and tests/device_check compiled and linked,
 #             then ctest -L cuda, which runs every CPU-vs-GPU check on a GPU and otherwise reports
@@ -50,7 +51,7 @@ for stage in $stages; do
     # -O1 -g1 (line tables, which is all a sanitizer report's file:line needs) instead of
     # RelWithDebInfo's -O2 -g: the sanitized build compiles 2-4x faster (tests/opinfo.cpp: 196 s
     # -> 50 s), and its build, not its tests, was 15 of this stage's 19 minutes.
-    sanitize) run_suite build-sanitize RelWithDebInfo ON "long|soak|kill|install" OFF \
+    sanitize) run_suite build-sanitize RelWithDebInfo ON "long|soak|kill|install|convergence" OFF \
                 -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" ;;
     cuda)
       if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then

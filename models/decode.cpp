@@ -93,15 +93,34 @@ std::vector<Hypothesis> greedy_decode(Transformer& model, const Tensor& src, con
     auto [best_lp, best_id] = max(lp, -1);
     const std::vector<double> picked =
         stack({best_lp.to(DType::Float64), best_id.to(DType::Float64)}, 0).to_vector<double>();
-    std::vector<int64_t> keep;  // rows whose sentence goes on
+    std::vector<int64_t> going;  // rows whose sentence goes on
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = active[r], tok = static_cast<int64_t>(picked[static_cast<size_t>(rows + r)]);
       out[b].tokens.push_back(tok);
       out[b].score += picked[static_cast<size_t>(r)];
       prefixes[r].push_back(tok);
-      if (tok != opt.eos && static_cast<int64_t>(out[b].tokens.size()) < lens[b] + opt.max_extra) keep.push_back(r);
+      if (tok != opt.eos && static_cast<int64_t>(out[b].tokens.size()) < lens[b] + opt.max_extra) going.push_back(r);
     }
-    if (static_cast<int64_t>(keep.size()) == rows) continue;
+    if (static_cast<int64_t>(going.size()) == rows) continue;
+    // Note [Rows leaving a batch]: a finished row's place goes to a row from the end of the batch,
+    // so only those rows move (the caches move them in place, nn::KVCache::select_rows), not
+    // every row after the first to finish. Greedy rows are independent: their order is free.
+    const int64_t n = static_cast<int64_t>(going.size());
+    std::vector<int64_t> keep(going.begin(), going.end());
+    {
+      std::vector<bool> goes(static_cast<size_t>(rows), false);
+      for (int64_t r : going) goes[static_cast<size_t>(r)] = true;
+      int64_t filler = rows;  // the next going row from the end, at or past n
+      for (int64_t i = 0; i < n; ++i) {
+        if (goes[static_cast<size_t>(i)]) {
+          keep[static_cast<size_t>(i)] = i;
+          continue;
+        }
+        do --filler;
+        while (!goes[static_cast<size_t>(filler)]);
+        keep[static_cast<size_t>(i)] = filler;
+      }
+    }
     std::vector<int64_t> next_active;
     std::vector<std::vector<int64_t>> next_prefixes;
     for (int64_t r : keep) {

@@ -124,7 +124,7 @@ void KVCache::append(Tensor& k_new, Tensor& v_new) {
     auto grow = [&](const Tensor& held) {
       Shape shape = held.sizes();
       shape[2] = std::max<int64_t>(2 * (T + n), 16);
-      Tensor room = zeros(shape, held.options());
+      Tensor room = empty(shape, held.options());  // positions past T are written before they are read
       room.narrow(2, 0, T).copy_(held);
       return room;
     };
@@ -136,8 +136,41 @@ void KVCache::append(Tensor& k_new, Tensor& v_new) {
   v = v_new = v_room.narrow(2, 0, T + n);
 }
 
+namespace {
+// Whether keeping rows `rows` (row i of the result is row rows[i]) can move rows within the tensor:
+// every moved row comes from past the kept ones, so copying in increasing i never overwrites a row
+// still to be read. A batch whose finished rows were filled from its end has this shape.
+// (Any index out of range is left to index_select, which names it.)
+bool rows_movable_in_place(const std::vector<int64_t>& rows, int64_t size) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  for (int64_t i = 0; i < n; ++i)
+    if (rows[i] < 0 || rows[i] >= size || (rows[i] != i && rows[i] < n)) return false;
+  return true;
+}
+}  // namespace
+
 void KVCache::select_rows(const Tensor& index) {
   if (!k.defined()) return;
+  // Rows moved in place (Note [Rows leaving a batch]) where the cache alone holds its tensors (a
+  // view handed out earlier would see the move) and nothing records gradients.
+  const int64_t holders = in_room() ? 2 : 1;  // the room and its view, or the tensor alone
+  if (index.device().is_cpu() && !k.requires_grad() && !v.requires_grad() &&
+      k.impl().storage.use_count() == holders && v.impl().storage.use_count() == holders &&
+      k.impl_ptr().use_count() == 1 && v.impl_ptr().use_count() == 1) {
+    const std::vector<int64_t> rows = index.to_vector<int64_t>();
+    if (rows_movable_in_place(rows, k.size(0))) {
+      NoGradGuard no_grad;
+      const int64_t n = static_cast<int64_t>(rows.size());
+      for (int64_t i = 0; i < n; ++i)
+        if (rows[i] != i) {
+          k.select(0, i).copy_(k.select(0, rows[i]));
+          v.select(0, i).copy_(v.select(0, rows[i]));
+        }
+      k = k.narrow(0, 0, n), v = v.narrow(0, 0, n);
+      if (holders == 2) k_room = k_room.narrow(0, 0, n), v_room = v_room.narrow(0, 0, n);
+      return;
+    }
+  }
   if (in_room()) {  // the room moves with its rows, so the next steps still write in place
     const int64_t T = k.size(2);
     k_room = index_select(k_room, 0, index), v_room = index_select(v_room, 0, index);

@@ -260,6 +260,56 @@ TEST_CASE("scaled_dot_product_attention in float32 matches float64") {
                 false);
 }
 
+TEST_CASE("scaled_dot_product_attention: decoding's few query rows (float32's direct path) match float64") {
+  // float32 without dropout takes direct loops for up to 8 query rows against up to 128 keys
+  // (Note [A few query rows]); float64 takes the block path, which the tests above tie to the
+  // composite. The boundaries on both sides, dims below, at and above one 16-lane vector, masks
+  // of both shapes, causality, a fully masked row and strided views; backward reads the path's
+  // saved row statistics.
+  const Tensor none;
+  for (int64_t tq : {1, 4, 8, 9})
+    for (int64_t tk : {1, 20, 128, 129}) {
+      INFO("Tq ", tq, ", Tk ", tk);
+      check_float32("plain", random_inputs({3, 2, tq, 32}, {3, 2, tk, 32}, {3, 2, tk, 32}, 60), kIdentity, none,
+                    false);
+      check_float32("key padding", random_inputs({3, 2, tq, 40}, {3, 2, tk, 40}, {3, 2, tk, 20}, 61), kIdentity,
+                    random_mask({3, 1, 1, tk}, 0.3, 62), false);
+      check_float32("a full mask", random_inputs({2, 2, tq, 7}, {2, 2, tk, 7}, {2, 2, tk, 64}, 63), kIdentity,
+                    random_mask({2, 2, tq, tk}, 0.5, 64), false);
+    }
+  check_float32("causal, Tq = Tk", random_inputs({2, 3, 6, 16}, {2, 3, 6, 16}, {2, 3, 6, 16}, 65), kIdentity, none,
+                true);
+  check_float32("causal, Tq < Tk", random_inputs({2, 3, 3, 16}, {2, 3, 9, 16}, {2, 3, 9, 16}, 66), kIdentity, none,
+                true);
+  check_float32("a fully masked row", random_inputs({2, 1, 2, 16}, {2, 1, 3, 16}, {2, 1, 3, 16}, 67), kIdentity,
+                bool_mask({0, 1, 0, 1, 1, 1}, {2, 1, 1, 3}), false);
+  const int64_t B = 4, H = 8, K = 32, D = H * K;  // a decoding step's split_heads views
+  Build split_heads = [=](const TensorList& x) {
+    TensorList out;
+    for (const Tensor& t : x) out.push_back(t.view({B, t.size(1), H, K}).transpose(1, 2));
+    return out;
+  };
+  check_float32("split_heads views, one query row", random_inputs({B, 1, D}, {B, 11, D}, {B, 11, D}, 68), split_heads,
+                random_mask({B, 1, 1, 11}, 0.2, 69), false);
+
+  // NaN in one query row makes that row NaN and no other; no key at all gives zeros.
+  Tensor q = randn({2, 2, 3, 16}), k = randn({2, 2, 5, 16}), v = randn({2, 2, 5, 16});
+  q.select(0, 1).select(0, 0).select(0, 2).select(0, 4).fill_(std::nan(""));
+  Tensor out = scaled_dot_product_attention(q, k, v);
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t r = 0; r < 3; ++r) {
+        const std::vector<double> row = values(out.select(0, b).select(0, h).select(0, r));
+        const bool poisoned = b == 1 && h == 0 && r == 2;
+        CHECK(std::all_of(row.begin(), row.end(), [&](double x) { return poisoned ? std::isnan(x) : std::isfinite(x); }));
+      }
+  Tensor q1 = randn({2, 2, 1, 16}).requires_grad_(), k0 = zeros({2, 2, 0, 16}), v0 = zeros({2, 2, 0, 16});
+  Tensor out0 = scaled_dot_product_attention(q1, k0, v0);
+  CHECK(values(out0) == std::vector<double>(2 * 2 * 16, 0.0));
+  out0.sum().backward();
+  CHECK(values(q1.grad()) == std::vector<double>(2 * 2 * 16, 0.0));
+}
+
 TEST_CASE("scaled_dot_product_attention: dropout equals dropout(softmax(...)) with the same seed") {
   auto check_dropout = [](const char* what, const TensorList& in, const Tensor& mask, bool causal, double p) {
     INFO(what);

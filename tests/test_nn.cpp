@@ -384,6 +384,55 @@ TEST_CASE("KVCache: steps write in place, rows reorder, gradients still flow") {
   CHECK(max_diff(k1.grad(), 2.0 * ks[1]) <= 1e-6);
 }
 
+TEST_CASE("KVCache: rows leaving a batch move in place, unless a view of the cache is held") {
+  Generator g(5);
+  const int64_t B = 5, H = 2, K = 4, steps = 6;
+  std::vector<Tensor> ks, vs;
+  for (int64_t t = 0; t < steps; ++t) {
+    ks.push_back(randn({B, H, 1, K}, DType::Float32, &g));
+    vs.push_back(randn({B, H, 1, K + 1}, DType::Float32, &g));
+  }
+  const Tensor all_k = cat(ks, 2), all_v = cat(vs, 2);
+  auto filled = [&](int64_t n_steps) {
+    nn::KVCache cache;
+    for (int64_t t = 0; t < n_steps; ++t) {
+      Tensor k = ks[t].clone(), v = vs[t].clone();  // the cache's own: ks[0] would be held here too
+      cache.append(k, v);
+    }
+    return cache;
+  };
+  auto rows = [](std::vector<int64_t> r) { return tensor(r); };
+  NoGradGuard no_grad;
+  for (int64_t n_steps : {int64_t{1}, steps}) {  // the first keys as they came (a cross-attention's), and a room
+    INFO(n_steps, " steps");
+    const Tensor want_k = all_k.narrow(2, 0, n_steps), want_v = all_v.narrow(2, 0, n_steps);
+    // Rows 1 and 3 finish; row 4 takes row 1's place: only it moves, within the same storage.
+    nn::KVCache cache = filled(n_steps);
+    const Storage* before = cache.k.storage();
+    cache.select_rows(rows({0, 4, 2}));
+    CHECK(cache.k.storage() == before);
+    CHECK(max_diff(cache.k, index_select(want_k, 0, rows({0, 4, 2}))) == 0.0);
+    CHECK(max_diff(cache.v, index_select(want_v, 0, rows({0, 4, 2}))) == 0.0);
+    Tensor k = ks[0].narrow(0, 0, 3), v = vs[0].narrow(0, 0, 3);  // and the next step appends
+    cache.append(k, v);
+    CHECK(max_diff(cache.k, cat({index_select(want_k, 0, rows({0, 4, 2})), ks[0].narrow(0, 0, 3)}, 2)) == 0.0);
+    // A reordering within the kept rows cannot move in place, and is still right.
+    nn::KVCache reordered = filled(n_steps);
+    reordered.select_rows(rows({3, 0, 1}));
+    CHECK(max_diff(reordered.k, index_select(want_k, 0, rows({3, 0, 1}))) == 0.0);
+    // A view of the cache held outside: the cache copies, and the view keeps its values.
+    nn::KVCache shared = filled(n_steps);
+    const Tensor held = shared.k, held_values = shared.k.clone();
+    shared.select_rows(rows({0, 4}));
+    CHECK(max_diff(held, held_values) == 0.0);
+    CHECK(max_diff(shared.k, index_select(want_k, 0, rows({0, 4}))) == 0.0);
+    // An index out of range is an Error, as index_select's.
+    nn::KVCache bad = filled(n_steps);
+    CHECK_THROWS_AS(bad.select_rows(rows({0, 9})), Error);
+    CHECK_THROWS_AS(bad.select_rows(rows({-1})), Error);
+  }
+}
+
 TEST_CASE("PositionalEncoding adds the sinusoids and extends to any length") {
   nn::PositionalEncoding pe(4, 0.0, 8);
   Tensor y = pe.forward(zeros({1, 3, 4}));

@@ -2,7 +2,9 @@
 # Per-step training records (step, epoch, loss, tokens, lr, gradient norm) of four short runs that
 # go through every training path: the copy task, the 1,000-pair Multi30k slice (plain, and with
 # --accumulate 2 --clip-norm 1) and the LM recipe. A refactor that must not change behaviour
-# compares them to the bit with docs/refactor-losses/ (recorded at c452272, before issue 24):
+# compares them to the bit with docs/refactor-losses/ (recorded again on 2026-11-27 at the code of
+# d65b372, on a Zen 5; the first records, of c452272 before issue 24, no longer held after the
+# changes of float32 gemm library and of rounding since, which were not refactors):
 #   tools/step-losses.sh build /tmp/after && diff -r docs/refactor-losses /tmp/after
 # Usage: tools/step-losses.sh BUILD_DIR OUT_DIR (needs Multi30k: $TAPESTRY_DATA or ../shared/data/multi30k).
 set -u

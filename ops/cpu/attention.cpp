@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tapestry/ops/cpu/gemm.h"
+#include "tapestry/ops/cpu/lanes.h"
 #include "tapestry/ops/cpu/loops.h"
 #include "tapestry/ops/factory.h"
 #include "tapestry/ops/detail/backend.h"
@@ -145,6 +146,86 @@ int64_t task_grain(const Layout& L, int64_t rows_per_task) {
   return std::max<int64_t>(1, (1 << 20) / work);
 }
 
+// Note [A few query rows]: a decoding step's attention is one query row per (batch, head) (a
+// beam's K rows: K) against a few dozen keys, a thousand such slices per step. There the block
+// path's set-up (two gemm calls, the online softmax's rescaling, its buffers) cost more than the
+// arithmetic, so these slices go through direct loops, a row at a time: the scores as 16-lane
+// dot products, one softmax over them all (a single block: no rescaling), and P V accumulated in
+// lanes over the value's dims. Same semantics as the block path (masked scores, a fully masked
+// row, NaN, no key at all, the saved statistics); the sums run in another order, so the last bit
+// may differ. float32 without dropout only: training and float64 keep the block path.
+constexpr int64_t kFewRows = 8;
+
+bool few_rows(const Layout& L, DType dtype, bool dropout) {
+  return dtype == DType::Float32 && !dropout && L.tq <= kFewRows && L.tk <= kCols;
+}
+
+inline float dot16(const float* a, const float* b, int64_t n) {
+  F16 acc = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) acc += load16(a + i) * load16(b + i);
+  float r = lanes_sum(acc);
+  for (; i < n; ++i) r += a[i] * b[i];
+  return r;
+}
+
+void few_rows_attention(const Layout& L, int64_t s, const float* pq, const float* pk, const float* pv, float scale,
+                        float* po, float* pl) {
+  float p[kCols];
+  const float* ks = pk + L.k_off[s];
+  const float* vs = pv + L.v_off[s];
+  for (int64_t r = 0; r < L.tq; ++r) {
+    const float* qr = pq + L.q_off[s] + r * L.q_ld;
+    const bool* m = L.mask ? L.mask + L.m_off[s] + r * L.m_sq : nullptr;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t c = 0; c < L.tk; ++c) {
+      float x = dot16(qr, ks + c * L.k_ld, L.e) * scale;
+      if ((m && m[c * L.m_sk]) || (L.causal && c > r)) x = static_cast<float>(kAttentionMasked);
+      p[c] = x;
+      mx = std::max(mx, x);  // a NaN score is passed over here, and makes its row NaN below
+    }
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < L.tk; ++c) {
+      p[c] = vexp(p[c] - mx);
+      sum += p[c];
+    }
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+    float* o = po + (s * L.tq + r) * L.ev;
+    int64_t j = 0;
+    // 32 of the value's dims at a time, even and odd keys apart: four independent chains of
+    // multiply-adds rather than one per 16 dims, whose latency bounded the loop.
+    for (; j + 32 <= L.ev; j += 32) {
+      F16 a0 = {}, a1 = {}, b0 = {}, b1 = {};
+      int64_t c = 0;
+      for (; c + 2 <= L.tk; c += 2) {
+        const float* v0 = vs + c * L.v_ld + j;
+        const float* v1 = v0 + L.v_ld;
+        a0 += p[c] * load16(v0), a1 += p[c] * load16(v0 + 16);
+        b0 += p[c + 1] * load16(v1), b1 += p[c + 1] * load16(v1 + 16);
+      }
+      if (c < L.tk) {
+        const float* v0 = vs + c * L.v_ld + j;
+        a0 += p[c] * load16(v0), a1 += p[c] * load16(v0 + 16);
+      }
+      store16(o + j, (a0 + b0) * inv);
+      store16(o + j + 16, (a1 + b1) * inv);
+    }
+    for (; j + 16 <= L.ev; j += 16) {
+      F16 acc = {};
+      for (int64_t c = 0; c < L.tk; ++c) acc += p[c] * load16(vs + c * L.v_ld + j);
+      store16(o + j, acc * inv);
+    }
+    for (; j < L.ev; ++j) {
+      float acc = 0;
+      for (int64_t c = 0; c < L.tk; ++c) acc += p[c] * vs[c * L.v_ld + j];
+      o[j] = acc * inv;
+    }
+    pl[2 * (s * L.tq + r)] = mx;
+    pl[2 * (s * L.tq + r) + 1] = sum == 0.0f ? std::numeric_limits<float>::infinity() : std::log(sum);
+  }
+}
+
 }  // namespace
 
 AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -157,7 +238,7 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
   Layout L = make_layout(op, q, k, v, m, is_causal);
   Shape out_shape = q.sizes();
   out_shape.back() = L.ev;
-  Tensor out = zeros(out_shape, q.options());
+  Tensor out = empty(out_shape, q.options());  // every row is written below
   // Per query row: the score maximum and the log of the sum of exp(score - maximum), kept apart:
   // in float32, -1e9 + log(Tk) (a fully masked row) would round back to -1e9.
   Shape lse_shape(q.sizes().begin(), q.sizes().end() - 1);
@@ -165,6 +246,17 @@ AttentionOut scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in
   Tensor lse = empty(lse_shape, q.options());
   if (L.bh == 0 || L.tq == 0) return {out, lse};
   const DropoutMask drop(dropout_p, seed);
+  if (few_rows(L, q.dtype(), drop.on)) {
+    const float* pq = q.data_ptr<float>();
+    const float* pk = k.data_ptr<float>();
+    const float* pv = v.data_ptr<float>();
+    float* po = out.data_ptr<float>();
+    float* pl = lse.data_ptr<float>();
+    cpu::parallel_for(0, L.bh, task_grain(L, L.tq), [&](int64_t s0, int64_t s1) {
+      for (int64_t s = s0; s < s1; ++s) few_rows_attention(L, s, pq, pk, pv, static_cast<float>(scale), po, pl);
+    });
+    return {out, lse};
+  }
   const int64_t row_blocks = (L.tq + kRows - 1) / kRows;
 
   dispatch_floating(q.dtype(), op, [&](auto tag) {

@@ -14,6 +14,7 @@
 // "corrupted double-linked list". Every thread that runs those kernels gets an alternate signal
 // stack here, and the training's handlers (apps/train/run_dir.cpp) ask for it with SA_ONSTACK.
 #include "tapestry/ops/cpu/gemm.h"
+#include "tapestry/ops/cpu/lanes.h"
 
 #include <cblas.h>
 #include <signal.h>
@@ -93,30 +94,6 @@ void signal_stacks() {
 // Products this small (a decoding step's attention: one query row against a few dozen keys of 32
 // or 64 dims, a thousand such per step) cost less in a plain loop than in a library's dispatch.
 constexpr int64_t kSmallGemm = 8192;  // multiply-adds
-
-// 16 floats (GCC/Clang vector extensions: AVX-512, or two AVX registers, or four SSE ones,
-// whatever -march allows; portable C++ elsewhere is not needed, both compilers have them).
-using F16 = float __attribute__((vector_size(64)));
-inline F16 load16(const float* p) {
-  F16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-using F8 = float __attribute__((vector_size(32)));
-using F4 = float __attribute__((vector_size(16)));
-// The lanes added as a tree (halves, then quarters): a chain of 16 scalar adds was the attention
-// step's critical path, one per key.
-inline float lanes_sum(F16 v) {
-  F8 lo, hi;
-  std::memcpy(&lo, &v, sizeof lo);
-  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
-  const F8 h = lo + hi;
-  F4 a, b;
-  std::memcpy(&a, &h, sizeof a);
-  std::memcpy(&b, reinterpret_cast<const char*>(&h) + sizeof a, sizeof b);
-  const F4 q = a + b;
-  return (q[0] + q[2]) + (q[1] + q[3]);
-}
 
 void small_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {

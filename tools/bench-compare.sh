@@ -24,6 +24,9 @@ ours_run() { "$bin" bench --workload "$workload" --threads "$threads" --steps "$
 isa="$(tools/openblas-coretype.sh)"
 settings=("OMP_WAIT_POLICY=PASSIVE" "OMP_WAIT_POLICY=ACTIVE")
 [ -n "$isa" ] && settings+=("OMP_WAIT_POLICY=PASSIVE OPENBLAS_CORETYPE=$isa" "OMP_WAIT_POLICY=ACTIVE OPENBLAS_CORETYPE=$isa")
+# Each also with glibc's heap on transparent huge pages, which tapestry's command line asks for
+# (tools/main.cpp, Note [huge pages]).
+for s in "${settings[@]}"; do settings+=("$s GLIBC_TUNABLES=glibc.malloc.hugetlb=1"); done
 best="" best_ms="" probes=""
 for s in "${settings[@]}"; do
   ms=$(torch_run "$s" | python3 -c 'import json,sys; print(json.load(sys.stdin)["train_ms_median"])')

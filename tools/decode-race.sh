@@ -4,7 +4,8 @@
 # For greedy and beam 4, at batch 1 and 64, the two run alternately (A B A B ...); it prints
 # sentences/s (median and range), the ratio per pair, the BLEU of each side and how many lines
 # the two translated alike. PyTorch runs with its best setting from a first probe, as in
-# tools/bench-compare.sh (OMP_WAIT_POLICY, OPENBLAS_CORETYPE naming the CPU's vector ISA).
+# tools/bench-compare.sh (OMP_WAIT_POLICY, OPENBLAS_CORETYPE naming the CPU's vector ISA, and each
+# of those with glibc's heap on huge pages).
 #   tools/decode-race.sh RUN_DIR [THREADS=2] [ROUNDS=3] [SOURCE=DATA/test_2016_flickr.de.gz] [CASES="greedy:1 greedy:64 beam:1 beam:64"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,9 @@ theirs() {  # ENV SEARCH BATCH HYPS -> sentences/s
 isa="$(tools/openblas-coretype.sh)"
 settings=("OMP_WAIT_POLICY=PASSIVE" "OMP_WAIT_POLICY=ACTIVE")
 [ -n "$isa" ] && settings+=("OMP_WAIT_POLICY=PASSIVE OPENBLAS_CORETYPE=$isa" "OMP_WAIT_POLICY=ACTIVE OPENBLAS_CORETYPE=$isa")
+# Each also with glibc's heap on transparent huge pages, which tapestry's command line asks for
+# (tools/main.cpp, Note [huge pages]).
+for s in "${settings[@]}"; do settings+=("$s GLIBC_TUNABLES=glibc.malloc.hugetlb=1"); done
 head -200 <(zcat -f "$src") > "$out/probe.de"
 best="" best_rate="" probes=""
 for s in "${settings[@]}"; do  # probed on greedy, batch 64, the first 200 sentences

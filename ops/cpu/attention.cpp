@@ -160,15 +160,6 @@ bool few_rows(const Layout& L, DType dtype, bool dropout) {
   return dtype == DType::Float32 && !dropout && L.tq <= kFewRows && L.tk <= kCols;
 }
 
-inline float dot16(const float* a, const float* b, int64_t n) {
-  F16 acc = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) acc += load16(a + i) * load16(b + i);
-  float r = lanes_sum(acc);
-  for (; i < n; ++i) r += a[i] * b[i];
-  return r;
-}
-
 void few_rows_attention(const Layout& L, int64_t s, const float* pq, const float* pk, const float* pv, float scale,
                         float* po, float* pl) {
   float p[kCols];

@@ -121,15 +121,7 @@ void small_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
         for (; p < k; ++p) r0 += ai[p] * b0[p], r1 += ai[p] * b1[p], r2 += ai[p] * b2[p], r3 += ai[p] * b3[p];
         store(ci + j, r0), store(ci + j + 1, r1), store(ci + j + 2, r2), store(ci + j + 3, r3);
       }
-      for (; j < n; ++j) {
-        const float* bj = b + j * ldb;
-        F16 s0 = {};
-        int64_t p = 0;
-        for (; p + 16 <= k; p += 16) s0 += load16(ai + p) * load16(bj + p);
-        float r = lanes_sum(s0);
-        for (; p < k; ++p) r += ai[p] * bj[p];
-        store(ci + j, r);
-      }
+      for (; j < n; ++j) store(ci + j, dot16(ai, b + j * ldb, k));
     } else {  // B stored k x n: C's row i, 32 columns at a time held in registers over all of k
       int64_t j = 0;
       for (; j + 32 <= n; j += 32) {

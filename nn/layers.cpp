@@ -226,11 +226,17 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const
   TP_CHECK(!cache || !cache->k.defined() || cache->k.size(0) == key.size(0),
            "{}: the cache holds {} rows of keys, the key input has {}", describe("MultiHeadAttention"),
            cache && cache->k.defined() ? cache->k.size(0) : 0, key.size(0));
+  TP_CHECK(query.size(0) == key.size(0) || !is_causal,
+           "{}: is_causal needs one key row per query row, got query {} and key {}", describe("MultiHeadAttention"),
+           query.sizes(), key.sizes());
+  return w_o->forward(attend(q, k, v, mask, is_causal, query.size(0), query.size(1)));
+}
+
+Tensor MultiHeadAttention::attend(Tensor q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
+                                  int64_t B, int64_t Tq) {
   // G query rows per key row (a beam's rows against their sentence's memory): the G rows' queries
   // become G * Tq queries of one key row, so keys and values are never repeated G times.
-  const int64_t B = query.size(0), Tq = query.size(1), G = B / key.size(0);
-  TP_CHECK(G == 1 || !is_causal, "{}: is_causal needs one key row per query row, got query {} and key {}",
-           describe("MultiHeadAttention"), query.sizes(), key.sizes());
+  const int64_t G = B / k.size(0);
   if (G > 1) q = q.reshape({B / G, G, heads, Tq, d_k}).permute({0, 2, 1, 3, 4}).reshape({B / G, heads, G * Tq, d_k});
   if (mask.defined()) check_mask(mask, q.size(0), q.size(2), k.size(2));
   TP_CHECK(!is_causal || q.size(2) == k.size(2) || q.size(2) == 1,
@@ -252,8 +258,69 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const
   const double p = is_training() ? dropout->p : 0.0;
   Tensor ctx = scaled_dot_product_attention_masked_out(q, k, v, mask, causal, p);  // [B / G, H, G * Tq, K]
   if (G > 1) ctx = ctx.reshape({B / G, heads, G, Tq, d_k}).permute({0, 2, 1, 3, 4}).reshape({B, heads, Tq, d_k});
-  ctx = ctx.transpose(1, 2).reshape({B, Tq, d_model});
-  return w_o->forward(ctx);
+  return ctx.transpose(1, 2).reshape({B, Tq, d_model});
+}
+
+// Note [Packed rows]: an encoder batch of sentences of unequal length is mostly padding (about
+// half of a batch of 64 consecutive test sentences of Multi30k), and every position-wise part of
+// the block (the four projections, the feed-forward network, residuals and norms: all of its
+// multiplications but the attention's own) would compute rows nobody reads. In eval mode on the
+// CPU with a key padding mask, those parts run on the kept rows alone, gathered into [N, D]. The attention
+// runs padded: q, k and v are spread back to [B, T, D] by a row gather that fills a padded
+// position with a copy of a kept row of its sentence (its key is masked and its query's output
+// dropped, so any finite row serves). The block's output rows at padded positions are zeros, as
+// PyTorch's fast path gives (its nested tensors come back padded with 0); nothing reads them:
+// padded keys are masked in every later attention. A sentence that is all padding turns packing
+// off, since its queries attend evenly and a later cross-attention reads them. Training never
+// packs: its batches group similar lengths, and its outputs stay those of the plain path.
+PackedRows PackedRows::of(const Tensor& x, const Tensor& mask) {
+  PackedRows p;
+  // CPU tensors only: on a GPU the padded rows run in parallel with the rest, and reading the mask
+  // would be a synchronisation per layer.
+  if (!x.device().is_cpu() || !mask.defined() || x.dim() != 3 || mask.dim() != 4 || mask.dtype() != DType::Bool)
+    return p;
+  const int64_t B = x.size(0), T = x.size(1);
+  if (mask.size(0) != B || mask.size(1) != 1 || mask.size(2) != 1 || mask.size(3) != T) return p;
+  const std::vector<bool> masked = mask.to_vector<bool>();
+  std::vector<int64_t> rows, spread(static_cast<size_t>(B * T)), place(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t first = static_cast<int64_t>(rows.size());
+    for (int64_t t = 0; t < T; ++t)
+      if (!masked[static_cast<size_t>(b * T + t)]) rows.push_back(b * T + t);
+    if (static_cast<int64_t>(rows.size()) == first) return p;
+    for (int64_t t = 0, next = first; t < T; ++t) {
+      const size_t i = static_cast<size_t>(b * T + t);
+      spread[i] = masked[i] ? first : next;
+      place[i] = masked[i] ? -1 : next++;
+    }
+  }
+  const int64_t N = static_cast<int64_t>(rows.size());
+  if (N == B * T) return p;
+  for (int64_t& i : place) i = i < 0 ? N : i;  // the zero row unpack appends
+  p.rows = tensor(rows), p.spread = tensor(spread), p.place = tensor(place);
+  p.batch = B, p.length = T;
+  return p;
+}
+
+Tensor PackedRows::pack(const Tensor& padded) const {
+  return index_select(padded.reshape({batch * length, padded.size(-1)}), 0, rows);
+}
+
+Tensor PackedRows::unpack(const Tensor& packed) const {
+  // A gather of row copies (a scatter would go element by element), differentiable: eval mode may
+  // record gradients.
+  const Tensor with_zero_row = cat({packed, zeros({1, packed.size(1)}, {packed.dtype(), packed.device()})}, 0);
+  return index_select(with_zero_row, 0, place).view({batch, length, packed.size(1)});
+}
+
+Tensor MultiHeadAttention::forward_packed(const Tensor& x, const PackedRows& packed, const Tensor& mask) {
+  TP_CHECK(x.dim() == 2 && x.size(1) == d_model && x.size(0) == packed.rows.size(0),
+           "{}: expected packed rows [{}, {}], got {}", describe("MultiHeadAttention"), packed.rows.size(0), d_model,
+           x.sizes());
+  const int64_t B = packed.batch, T = packed.length;
+  auto spread = [&](const Tensor& t) { return split_heads(index_select(t, 0, packed.spread).view({B, T, d_model})); };
+  const Tensor ctx = attend(spread(w_q->forward(x)), spread(w_k->forward(x)), spread(w_v->forward(x)), mask, false, B, T);
+  return w_o->forward(packed.pack(ctx));
 }
 
 namespace {
@@ -314,6 +381,9 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOp
 }
 
 Tensor TransformerEncoderLayer::forward(const Tensor& x, const Tensor& mask, bool is_causal) {
+  if (!is_training() && !is_causal) {
+    if (PackedRows packed = PackedRows::of(x, mask); packed.defined()) return forward_packed(x, mask, packed);
+  }
   if (norm_first) {
     Tensor h = norm1->forward(x);
     Tensor y = x + dropout->forward(self_attn->forward(h, h, h, mask, nullptr, false, is_causal));
@@ -321,6 +391,16 @@ Tensor TransformerEncoderLayer::forward(const Tensor& x, const Tensor& mask, boo
   }
   Tensor y = norm1->forward(x + dropout->forward(self_attn->forward(x, x, x, mask, nullptr, false, is_causal)));
   return norm2->forward(y + dropout->forward(ff->forward(y)));
+}
+
+Tensor TransformerEncoderLayer::forward_packed(const Tensor& x, const Tensor& mask, const PackedRows& packed) {
+  const Tensor xp = packed.pack(x);  // [N, D]; eval mode: no dropout
+  if (norm_first) {
+    const Tensor y = xp + self_attn->forward_packed(norm1->forward(xp), packed, mask);
+    return packed.unpack(y + ff->forward(norm2->forward(y)));
+  }
+  const Tensor y = norm1->forward(xp + self_attn->forward_packed(xp, packed, mask));
+  return packed.unpack(norm2->forward(y + ff->forward(y)));
 }
 
 TransformerEncoder::TransformerEncoder(const TransformerEncoderLayerOptions& layer, int64_t num_layers,

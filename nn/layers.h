@@ -128,6 +128,22 @@ struct KVCache {
   Tensor k_room, v_room;  // [B, H, capacity, K]
 };
 
+// The positions of a padded batch [B, T, D] that a key padding mask [B, 1, 1, T] keeps, for the
+// encoder's eval path that computes those rows alone (Note [Packed rows] in layers.cpp). Packed
+// tensors hold the kept rows in order, [N, D].
+struct PackedRows {
+  // Undefined rows (see defined()) where packing does not apply: not on the CPU, no padding,
+  // another mask shape, or a sentence that is all padding.
+  static PackedRows of(const Tensor& x, const Tensor& key_padding_mask);
+  bool defined() const { return rows.defined(); }
+  Tensor pack(const Tensor& padded) const;    // [B, T, D] -> [N, D]
+  Tensor unpack(const Tensor& packed) const;  // [N, D] -> [B, T, D], zeros at the padded positions
+  Tensor rows;    // int64 [N]: the flat positions b * T + t kept
+  Tensor spread;  // int64 [B * T]: a packed row for every position (its own, else its sentence's first)
+  Tensor place;   // int64 [B * T]: each position's packed row, N (a zero row) where padded
+  int64_t batch = 0, length = 0;
+};
+
 // softmax(Q K^T / sqrt(K)) V over H heads, then W_o. The mask is bool with true = masked out, as
 // torch.nn.MultiheadAttention's attn_mask and key_padding_mask (the opposite of the functional
 // scaled_dot_product_attention's), broadcastable to [B, H, Tq, Tk] (a key padding mask is
@@ -151,6 +167,9 @@ class MultiHeadAttention : public Module {
   // removes the hook.
   using AttentionHook = std::function<void(const Tensor& weights)>;
   void set_attention_hook(AttentionHook hook) { attention_hook_ = std::move(hook); }
+  // Self-attention of a padded batch given packed, x [N, D] -> [N, D]: the projections compute
+  // the kept rows alone; the attention itself runs padded, under `mask` (Note [Packed rows]).
+  Tensor forward_packed(const Tensor& x, const PackedRows& packed, const Tensor& mask);
 
   std::shared_ptr<Linear> w_q, w_k, w_v, w_o;
   std::shared_ptr<Dropout> dropout;
@@ -159,6 +178,8 @@ class MultiHeadAttention : public Module {
  private:
   AttentionHook attention_hook_;
   Tensor split_heads(const Tensor& x) const;  // [B, T, D] -> [B, H, T, K], a view
+  // The heads' attention of q [B, H, Tq, K] over k, v [B / G, H, Tk, K], merged: [B, Tq, D], before w_o.
+  Tensor attend(Tensor q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal, int64_t B, int64_t Tq);
   void check_mask(const Tensor& mask, int64_t batch, int64_t tq, int64_t tk) const;
 };
 
@@ -237,12 +258,17 @@ class TransformerEncoderLayer : public Module {
   explicit TransformerEncoderLayer(const TransformerEncoderLayerOptions& options);
   // x [B, T, D] -> [B, T, D]. mask: bool, true = masked out (a key padding mask [B, 1, 1, T], an
   // attention mask [T, T]), as torch.nn.TransformerEncoderLayer's src_mask; is_causal masks the future.
+  // In eval mode on the CPU with a key padding mask, everything but the attention itself skips the padded
+  // rows, whose outputs are then zeros, as PyTorch's fast path (Note [Packed rows] in layers.cpp).
   Tensor forward(const Tensor& x, const Tensor& mask = Tensor(), bool is_causal = false);
   std::shared_ptr<MultiHeadAttention> self_attn;
   std::shared_ptr<PositionwiseFeedForward> ff;
   std::shared_ptr<LayerNorm> norm1, norm2;
   std::shared_ptr<Dropout> dropout;
   bool norm_first;
+
+ private:
+  Tensor forward_packed(const Tensor& x, const Tensor& mask, const PackedRows& packed);
 };
 
 // num_layers blocks, registered as layers.0, layers.1, ..., then an optional final LayerNorm

@@ -283,6 +283,13 @@ TEST_CASE("scaled_dot_product_attention: decoding's few query rows (float32's di
                 true);
   check_float32("a fully masked row", random_inputs({2, 1, 2, 16}, {2, 1, 3, 16}, {2, 1, 3, 16}, 67), kIdentity,
                 bool_mask({0, 1, 0, 1, 1, 1}, {2, 1, 1, 3}), false);
+  // Keys masked at a row's end are skipped (cross-attention over padded sentences), but not when
+  // no score rises above the masked value: at scores near -2e10 the weight stays on the masked
+  // keys, as in the block path.
+  TensorList low = random_inputs({2, 1, 1, 16}, {2, 1, 5, 16}, {2, 1, 5, 16}, 70);
+  low[0] = low[0].abs() * 1e5, low[1] = low[1].abs() * -1e5;
+  check_float32("trailing masked keys, scores below the masked value", low, kIdentity,
+                bool_mask({0, 0, 0, 1, 1, 0, 1, 0, 0, 1}, {2, 1, 1, 5}), false);
   const int64_t B = 4, H = 8, K = 32, D = H * K;  // a decoding step's split_heads views
   Build split_heads = [=](const TensorList& x) {
     TensorList out;

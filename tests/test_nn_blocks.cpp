@@ -62,6 +62,47 @@ TEST_CASE("TransformerEncoder: PyTorch's names, post- and pre-norm, masks, gradi
   }
 }
 
+TEST_CASE("TransformerEncoder in eval mode skips padded rows: each sentence as alone, zeros at padding, gradients") {
+  for (bool norm_first : {false, true}) {
+    CAPTURE(norm_first);
+    manual_seed(4);
+    nn::TransformerEncoder enc(small_layer(norm_first, "relu"), 2);
+    enc.to(kFloat64);
+    enc.eval();
+    const std::vector<int64_t> lens = {3, 1, 4};  // T = 4: two sentences padded (Note [Packed rows])
+    const int64_t B = 3, T = 4;
+    std::vector<int64_t> masked;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) masked.push_back(t >= lens[b]);
+    Tensor pad = tensor(masked, {B, 1, 1, T}).to(DType::Bool);
+    Tensor x = randn({B, T, 8}, kFloat64);
+    Tensor y = enc.forward(x, pad);
+    for (int64_t b = 0; b < B; ++b) {
+      CAPTURE(b);
+      // Alone and unpadded, no row is skipped: the plain path.
+      Tensor alone = enc.forward(x.narrow(0, b, 1).narrow(1, 0, lens[b]), zeros({1, 1, 1, lens[b]}, DType::Bool));
+      CHECK(max_diff(y.narrow(0, b, 1).narrow(1, 0, lens[b]), alone) < 1e-12);
+      if (lens[b] < T) {
+        Tensor padded = y.narrow(0, b, 1).narrow(1, lens[b], T - lens[b]);
+        CHECK(max_diff(padded, zeros_like(padded)) == 0.0);
+      }
+    }
+    // Eval mode may record gradients through the skipped rows: input and every parameter.
+    TensorList inputs = {x.detach().requires_grad_()};
+    for (Tensor& p : enc.parameters()) inputs.push_back(p);
+    CHECK(gradcheck([&](const TensorList& in) { return enc.forward(in[0], pad); }, inputs));
+    // A sentence that is all padding turns packing off (its evenly spread attention is still
+    // read downstream): the output is then the plain path's, as in training mode.
+    Tensor empty_row = tensor(std::vector<int64_t>{0, 0, 1, 1, 1, 1}, {2, 1, 1, 3}).to(DType::Bool);
+    Tensor x2 = randn({2, 3, 8}, kFloat64);
+    Tensor eval_out = enc.forward(x2, empty_row);
+    enc.train();  // dropout is 0: the same function, never packed
+    CHECK(max_diff(eval_out, enc.forward(x2, empty_row)) < 1e-12);
+    Tensor padded_row = eval_out.select(0, 0).select(0, 2);
+    CHECK(max_diff(padded_row, zeros_like(padded_row)) > 0);  // the padded row was computed
+  }
+}
+
 TEST_CASE("The translation Transformer's encoder is nn::TransformerEncoderLayer with its config") {
   models::TransformerConfig c = models::TransformerConfig::named("tiny", 11, 11);
   c.pre_norm = true;

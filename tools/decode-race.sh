@@ -4,8 +4,8 @@
 # For greedy and beam 4, at batch 1 and 64, the two run alternately (A B A B ...); it prints
 # sentences/s (median and range), the ratio per pair, the BLEU of each side and how many lines
 # the two translated alike. PyTorch runs with its best setting from a first probe, as in
-# tools/bench-compare.sh (OMP_WAIT_POLICY, OPENBLAS_CORETYPE naming the CPU's vector ISA, and each
-# of those with glibc's heap on huge pages).
+# tools/bench-compare.sh (OMP_WAIT_POLICY, OPENBLAS_CORETYPE naming the CPU's vector ISA, each
+# of those with glibc's heap on huge pages, and each with PyTorch's own encoder fast path).
 #   tools/decode-race.sh RUN_DIR [THREADS=2] [ROUNDS=3] [SOURCE=DATA/test_2016_flickr.de.gz] [CASES="greedy:1 greedy:64 beam:1 beam:64"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +39,9 @@ settings=("OMP_WAIT_POLICY=PASSIVE" "OMP_WAIT_POLICY=ACTIVE")
 # Each also with glibc's heap on transparent huge pages, which tapestry's command line asks for
 # (tools/main.cpp, Note [huge pages]).
 for s in "${settings[@]}"; do settings+=("$s GLIBC_TUNABLES=glibc.malloc.hugetlb=1"); done
+# Each also with the encoder as torch.nn.TransformerEncoder, whose inference fast path skips the
+# padding as tapestry's encoder does (decode_torch.py --encoder torch).
+for s in "${settings[@]}"; do settings+=("$s DECODE_TORCH_ENCODER=torch"); done
 head -200 <(zcat -f "$src") > "$out/probe.de"
 best="" best_rate="" probes=""
 for s in "${settings[@]}"; do  # probed on greedy, batch 64, the first 200 sentences

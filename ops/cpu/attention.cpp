@@ -168,16 +168,28 @@ void few_rows_attention(const Layout& L, int64_t s, const float* pq, const float
   for (int64_t r = 0; r < L.tq; ++r) {
     const float* qr = pq + L.q_off[s] + r * L.q_ld;
     const bool* m = L.mask ? L.mask + L.m_off[s] + r * L.m_sq : nullptr;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t c = 0; c < L.tk; ++c) {
-      float x = dot16(qr, ks + c * L.k_ld, L.e) * scale;
-      if ((m && m[c * L.m_sk]) || (L.causal && c > r)) x = static_cast<float>(kAttentionMasked);
-      p[c] = x;
-      mx = std::max(mx, x);  // a NaN score is passed over here, and makes its row NaN below
-    }
+    // Keys masked at the row's end (a padded batch's key padding: cross-attention over a batch of
+    // sentences of unequal length) would add exp(-1e9 - max) = 0 to the sum and 0 * v to P V, so
+    // they are left out (the sum's vector lanes may then add in another order). Not when every
+    // key is masked (the row then attends evenly), nor when no score rises above the masked value.
+    int64_t tk = L.tk;
+    while (m && tk > 0 && m[(tk - 1) * L.m_sk]) --tk;
+    if (tk == 0) tk = L.tk;
+    auto scores = [&](int64_t n) {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t c = 0; c < n; ++c) {
+        float x = dot16(qr, ks + c * L.k_ld, L.e) * scale;
+        if ((m && m[c * L.m_sk]) || (L.causal && c > r)) x = static_cast<float>(kAttentionMasked);
+        p[c] = x;
+        mx = std::max(mx, x);  // a NaN score is passed over here, and makes its row NaN below
+      }
+      return mx;
+    };
+    float mx = scores(tk);
+    if (tk < L.tk && !(mx > static_cast<float>(kAttentionMasked))) mx = scores(tk = L.tk);
     float sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < L.tk; ++c) {
+    for (int64_t c = 0; c < tk; ++c) {
       p[c] = vexp(p[c] - mx);
       sum += p[c];
     }
@@ -189,13 +201,13 @@ void few_rows_attention(const Layout& L, int64_t s, const float* pq, const float
     for (; j + 32 <= L.ev; j += 32) {
       F16 a0 = {}, a1 = {}, b0 = {}, b1 = {};
       int64_t c = 0;
-      for (; c + 2 <= L.tk; c += 2) {
+      for (; c + 2 <= tk; c += 2) {
         const float* v0 = vs + c * L.v_ld + j;
         const float* v1 = v0 + L.v_ld;
         a0 += p[c] * load16(v0), a1 += p[c] * load16(v0 + 16);
         b0 += p[c + 1] * load16(v1), b1 += p[c + 1] * load16(v1 + 16);
       }
-      if (c < L.tk) {
+      if (c < tk) {
         const float* v0 = vs + c * L.v_ld + j;
         a0 += p[c] * load16(v0), a1 += p[c] * load16(v0 + 16);
       }
@@ -204,12 +216,12 @@ void few_rows_attention(const Layout& L, int64_t s, const float* pq, const float
     }
     for (; j + 16 <= L.ev; j += 16) {
       F16 acc = {};
-      for (int64_t c = 0; c < L.tk; ++c) acc += p[c] * load16(vs + c * L.v_ld + j);
+      for (int64_t c = 0; c < tk; ++c) acc += p[c] * load16(vs + c * L.v_ld + j);
       store16(o + j, acc * inv);
     }
     for (; j < L.ev; ++j) {
       float acc = 0;
-      for (int64_t c = 0; c < L.tk; ++c) acc += p[c] * vs[c * L.v_ld + j];
+      for (int64_t c = 0; c < tk; ++c) acc += p[c] * vs[c * L.v_ld + j];
       o[j] = acc * inv;
     }
     pl[2 * (s * L.tq + r)] = mx;

@@ -125,17 +125,47 @@ class IncrementalDecoder:
         return lp
 
 
-def encode_batch(model, ids):
+def torch_encoder(model):
+    """The model's encoder as torch.nn.TransformerEncoder, whose inference fast path (PyTorch 1.12+,
+    post-norm layers) packs a padded batch into a nested tensor, so no padded position is
+    computed: what tapestry's encoder does in eval mode (Note [Packed rows], nn/layers.cpp)."""
+    c = model.c
+    layer = torch.nn.TransformerEncoderLayer(c["d_model"], c["heads"], c["d_ff"], dropout=0.0, batch_first=True,
+                                             norm_first=c["pre_norm"])
+    enc = torch.nn.TransformerEncoder(layer, len(model.encoder), enable_nested_tensor=True)
+    with torch.no_grad():
+        for mine, ref in zip(enc.layers, model.encoder):
+            a = ref.self_attn
+            mine.self_attn.in_proj_weight.copy_(torch.cat([a.w_q.weight, a.w_k.weight, a.w_v.weight]))
+            mine.self_attn.in_proj_bias.copy_(torch.cat([a.w_q.bias, a.w_k.bias, a.w_v.bias]))
+            mine.self_attn.out_proj.load_state_dict(a.w_o.state_dict())
+            mine.linear1.load_state_dict(ref.ff.w_1.state_dict())
+            mine.linear2.load_state_dict(ref.ff.w_2.state_dict())
+            mine.norm1.load_state_dict(ref.norm1.state_dict())
+            mine.norm2.load_state_dict(ref.norm2.state_dict())
+    return enc.eval()
+
+
+def encode_batch(model, ids, fast_encoder=None):
     S = max(1, max(len(s) for s in ids))
     src = torch.full((len(ids), S), PAD, dtype=torch.long)
     for i, s in enumerate(ids):
         src[i, :len(s)] = torch.tensor(s, dtype=torch.long)
-    memory, src_pad = model.encode(src)
+    if fast_encoder is None:
+        memory, src_pad = model.encode(src)
+    else:
+        pad = src == PAD
+        memory = fast_encoder(model.embed(model.src_embed, src), src_key_padding_mask=pad)
+        if memory.size(1) < S:  # the nested tensor comes back as long as the longest sentence
+            memory = F.pad(memory, (0, 0, 0, S - memory.size(1)))
+        if model.c["pre_norm"]:
+            memory = model.encoder_norm(memory)
+        src_pad = pad[:, None, None, :]
     return memory, src_pad, [len(s) for s in ids]
 
 
-def greedy(model, ids):
-    memory, src_pad, lens = encode_batch(model, ids)
+def greedy(model, ids, fast_encoder=None):
+    memory, src_pad, lens = encode_batch(model, ids, fast_encoder)
     B = len(ids)
     dec = IncrementalDecoder(model, memory, src_pad)
     tokens = torch.full((B,), BOS, dtype=torch.long)
@@ -160,8 +190,8 @@ def penalty(length, alpha):
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def beam(model, ids, K, alpha):
-    memory0, src_pad0, lens = encode_batch(model, ids)
+def beam(model, ids, K, alpha, fast_encoder=None):
+    memory0, src_pad0, lens = encode_batch(model, ids, fast_encoder)
     B, NEG = len(ids), -math.inf
     rep = torch.arange(B).repeat_interleave(K)
     dec = IncrementalDecoder(model, memory0.index_select(0, rep), src_pad0.index_select(0, rep))
@@ -239,9 +269,13 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--out", default="", help="write the translations here (default: standard output)")
     ap.add_argument("--json", action="store_true", help="print the timing as one JSON line on stderr")
+    ap.add_argument("--encoder", choices=["ref", "torch"], default=os.environ.get("DECODE_TORCH_ENCODER", "ref"),
+                    help="ref: transformer_ref.py's layers; torch: torch.nn.TransformerEncoder with its fast path "
+                         "(default: $DECODE_TORCH_ENCODER, else ref)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model, sp, path = load_model(a.checkpoint, a.weights)
+    fast_encoder = torch_encoder(model) if a.encoder == "torch" else None
     lines = read_lines(a.input)
     K = 1 if a.greedy else a.beam
     t0 = time.perf_counter()
@@ -249,7 +283,7 @@ def main():
     with torch.inference_mode():
         for start in range(0, len(lines), a.batch):
             ids = [sp.encode(s) for s in lines[start:start + a.batch]]
-            hyps = greedy(model, ids) if K == 1 else beam(model, ids, K, a.alpha)
+            hyps = greedy(model, ids, fast_encoder) if K == 1 else beam(model, ids, K, a.alpha, fast_encoder)
             out += [sp.decode([i for i in h if i > EOS]) for h in hyps]
     seconds = time.perf_counter() - t0
     text = "".join(s + "\n" for s in out)
@@ -260,7 +294,7 @@ def main():
         sys.stdout.write(text)
     stats = dict(side="pytorch", weights=path, sentences=len(lines), seconds=seconds,
                  sentences_per_s=len(lines) / seconds, search="greedy" if K == 1 else f"beam {K}",
-                 batch=a.batch, threads=a.threads, torch=torch.__version__)
+                 batch=a.batch, threads=a.threads, encoder=a.encoder, torch=torch.__version__)
     print(json.dumps(stats) if a.json else
           f"decode_torch: {len(lines)} sentences in {seconds:.2f} s ({len(lines) / seconds:.1f} sentences/s)",
           file=sys.stderr)

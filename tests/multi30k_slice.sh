@@ -18,7 +18,8 @@ printf 'Ein Mann fährt Fahrrad.\nZwei Hunde spielen im Schnee.\n' | "$bin" tran
 [[ $(wc -l < "$out/hyp") -eq 2 ]] || { echo "translate: expected 2 lines"; exit 1; }
 # The decoding race's PyTorch side (tools/reference/decode_torch.py, its own key/value cache) runs
 # the same search: on 40 test sentences it must translate as tapestry does, greedy and beam 4,
-# batched and one at a time (float rounding may flip a near-tie: at most 2 lines of 40 may differ).
+# batched and one at a time (float rounding may flip a near-tie: at most 2 lines of 40 may differ),
+# with its own encoder layers and through torch.nn.TransformerEncoder (--encoder torch).
 here=$(cd "$(dirname "$0")/.." && pwd)
 # sed reads to the end: head would close the pipe early and zcat's SIGPIPE fails the script under pipefail.
 zcat -f "$data"/test_2016_flickr.de* | sed -n '1,40p' > "$out/src.de"
@@ -26,11 +27,13 @@ for search in "--greedy" "--beam 4"; do
   "$bin" translate --checkpoint "$out/run" --input "$out/src.de" $search --batch 8 > "$out/ours.8"
   "$bin" translate --checkpoint "$out/run" --input "$out/src.de" $search --batch 1 > "$out/ours.1"
   diff "$out/ours.8" "$out/ours.1" || { echo "translate $search: batch 1 and batch 8 differ"; exit 1; }
-  /usr/bin/python3 "$here/tools/reference/decode_torch.py" --checkpoint "$out/run" --input "$out/src.de" $search \
-    --batch 8 --out "$out/torch.8"
-  differ=$(paste -d '\t' "$out/ours.8" "$out/torch.8" | awk -F'\t' '$1 != $2' | wc -l)
-  echo "decode_torch.py $search: $differ of 40 lines differ from tapestry's"
-  [[ $differ -le 2 ]] || { paste -d '\n' "$out/ours.8" "$out/torch.8" | sed -n '1,20p'; exit 1; }
+  for encoder in ref torch; do
+    /usr/bin/python3 "$here/tools/reference/decode_torch.py" --checkpoint "$out/run" --input "$out/src.de" $search \
+      --batch 8 --encoder $encoder --out "$out/torch.8"
+    differ=$(paste -d '\t' "$out/ours.8" "$out/torch.8" | awk -F'\t' '$1 != $2' | wc -l)
+    echo "decode_torch.py $search --encoder $encoder: $differ of 40 lines differ from tapestry's"
+    [[ $differ -le 2 ]] || { paste -d '\n' "$out/ours.8" "$out/torch.8" | sed -n '1,20p'; exit 1; }
+  done
 done
 # translate takes the run's length penalty from its config.toml.
 "$bin" translate --checkpoint "$out/run" --input "$out/src.de" 2> "$out/translate.err" > /dev/null

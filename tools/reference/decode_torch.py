@@ -3,10 +3,11 @@
 decoding, as fairseq does): the PyTorch side of the decoding race (tools/decode-race.sh).
 
     /usr/bin/python3 tools/reference/decode_torch.py --checkpoint runs/multi30k --input test.de \
-        [--beam 4 | --greedy] [--alpha 0.6] [--batch 64] [--threads 2] [--out hyps.en] [--json]
+        [--beam 4 | --greedy] [--alpha 0.6] [--batch 64] [--threads 2] [--out hyps.en] [--json] [--encoder torch]
 
 The model is transformer_ref.py's (the parity test's twin), loaded from the run's weights
-(model.avg.safetensors when the run averaged) and spm.model. The search is tapestry's
+(model.avg.safetensors when the run averaged) and spm.model; with --encoder torch its encoder
+runs as torch.nn.TransformerEncoder instead, whose inference fast path skips the padding. The search is tapestry's
 (models/decode.cpp) step for step, so both print the same translations up to float rounding:
   - each step runs the decoder on the newest token only; every layer keeps its self-attention keys
     and values (appended each step, reordered by beam origin) and its encoder keys and values
@@ -28,6 +29,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -129,6 +131,8 @@ def torch_encoder(model):
     """The model's encoder as torch.nn.TransformerEncoder, whose inference fast path (PyTorch 1.12+,
     post-norm layers) packs a padded batch into a nested tensor, so no padded position is
     computed: what tapestry's encoder does in eval mode (Note [Packed rows], nn/layers.cpp)."""
+    # PyTorch 1.13 warns on every batch that nested tensors are a prototype API.
+    warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
     c = model.c
     layer = torch.nn.TransformerEncoderLayer(c["d_model"], c["heads"], c["d_ff"], dropout=0.0, batch_first=True,
                                              norm_first=c["pre_norm"])

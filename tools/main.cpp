@@ -83,7 +83,7 @@ int run_main(int argc, char** argv);
 // they sleep. On a quiet machine that saves a wake-up per region; on a busy one a spinning thread
 // holds a core that the thread it waits for, or another program, needs: beside a two-job compile
 // on 2 cores the Multi30k recipe fell to an eighth of its quiet speed (a twelfth beside two busy
-// loops). 30,000 turns kept 46% beside busy loops but only 30-48% beside a real compile; 3,000
+// loops). 30,000 turns kept 46% beside busy loops but only 31-48% beside a real compile; 3,000
 // keep 55-59% there, and the quiet training step and decoding within the noise. libgomp reads its
 // settings once, when it loads, so the command line starts itself again with a short spin limit
 // (GOMP_SPINCOUNT, kSpinTurns) unless the user chose one (OMP_WAIT_POLICY or GOMP_SPINCOUNT).

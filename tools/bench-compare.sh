@@ -21,12 +21,7 @@ torch_run() { env $1 /usr/bin/python3 tools/reference/bench_torch.py --workload 
                 --threads "$threads" --steps "$steps" --precision "$precision" --json; }
 ours_run() { "$bin" bench --workload "$workload" --threads "$threads" --steps "$steps" --precision "$precision" --json; }
 
-isa="$(tools/openblas-coretype.sh)"
-settings=("OMP_WAIT_POLICY=PASSIVE" "OMP_WAIT_POLICY=ACTIVE")
-[ -n "$isa" ] && settings+=("OMP_WAIT_POLICY=PASSIVE OPENBLAS_CORETYPE=$isa" "OMP_WAIT_POLICY=ACTIVE OPENBLAS_CORETYPE=$isa")
-# Each also with glibc's heap on transparent huge pages, which tapestry's command line asks for
-# (tools/main.cpp, Note [huge pages]).
-for s in "${settings[@]}"; do settings+=("$s GLIBC_TUNABLES=glibc.malloc.hugetlb=1"); done
+mapfile -t settings < <(tools/torch-settings.sh)
 best="" best_ms="" probes=""
 for s in "${settings[@]}"; do
   ms=$(torch_run "$s" | python3 -c 'import json,sys; print(json.load(sys.stdin)["train_ms_median"])')

@@ -33,12 +33,7 @@ theirs() {  # ENV SEARCH BATCH HYPS -> sentences/s
   python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["sentences_per_s"])' "$out/err"
 }
 
-isa="$(tools/openblas-coretype.sh)"
-settings=("OMP_WAIT_POLICY=PASSIVE" "OMP_WAIT_POLICY=ACTIVE")
-[ -n "$isa" ] && settings+=("OMP_WAIT_POLICY=PASSIVE OPENBLAS_CORETYPE=$isa" "OMP_WAIT_POLICY=ACTIVE OPENBLAS_CORETYPE=$isa")
-# Each also with glibc's heap on transparent huge pages, which tapestry's command line asks for
-# (tools/main.cpp, Note [huge pages]).
-for s in "${settings[@]}"; do settings+=("$s GLIBC_TUNABLES=glibc.malloc.hugetlb=1"); done
+mapfile -t settings < <(tools/torch-settings.sh)
 # Each also with the encoder as torch.nn.TransformerEncoder, whose inference fast path skips the
 # padding as tapestry's encoder does (decode_torch.py --encoder torch).
 for s in "${settings[@]}"; do settings+=("$s DECODE_TORCH_ENCODER=torch"); done

@@ -10,12 +10,13 @@
 namespace tapestry {
 
 namespace {
-// The matmul precision for this op's inputs: autocast's, for float32 CPU tensors.
+// The matmul precision for this op's inputs: autocast's, for float32 tensors on a device that
+// can multiply bfloat16 (the guard checked the device it was opened for; this one may differ).
 Precision matmul_precision(const char* op, const Tensor& a) {
   Precision p = autocast_precision();
   if (p == Precision::Float32 || a.dtype() != DType::Float32) return Precision::Float32;
-  TP_CHECK(!a.device().is_cuda(), "{}: autocast to bfloat16 runs on the CPU only (a {} tensor on {})", op,
-           a.dtype(), a.device());
+  std::string why;
+  TP_CHECK(bf16_supported(a.device(), &why), "{}: autocast to bfloat16 on {}: {}", op, a.device(), why);
   return p;
 }
 }  // namespace
@@ -37,8 +38,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   bool need_a = a.requires_grad(), need_b = b.requires_grad();
   SavedTensor sa(need_b ? a : Tensor(), "MmBackward"), sb(need_a ? b : Tensor(), "MmBackward");
   // dA = g @ B^T, dB = A^T @ g (the engine sums broadcast batch dims back)
-  return record("MmBackward", out, {a, b}, [sa, sb, need_a, need_b, prec](const Tensor& g) {
-    AutocastGuard at(prec);
+  const Device device = a.device();
+  return record("MmBackward", out, {a, b}, [sa, sb, need_a, need_b, prec, device](const Tensor& g) {
+    AutocastGuard at(prec, device);
     return TensorList{need_a ? kernels::matmul(g, transpose(sb.get(), -1, -2)) : Tensor(),
                       need_b ? kernels::matmul(transpose(sa.get(), -1, -2), g) : Tensor()};
   });
@@ -79,8 +81,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   bool need_x = x.requires_grad(), need_w = w.requires_grad(), need_b = b.defined() && b.requires_grad();
   SavedTensor sx(need_w ? x2 : Tensor(), "LinearBackward"), sw(need_x ? w : Tensor(), "LinearBackward");
   Shape x_shape = x.sizes();
+  const Device device = x.device();
   return record("LinearBackward", y, {x, w, b}, [=](const Tensor& g) {
-    AutocastGuard at(prec);
+    AutocastGuard at(prec, device);
     Tensor g2 = rows_of(g, out_f);  // (N, out)
     TensorList grads(3);
     if (need_x) grads[0] = raw_view(kernels::matmul(g2, sw.get()), x_shape, contiguous_strides(x_shape));

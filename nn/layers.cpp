@@ -171,6 +171,20 @@ void KVCache::select_rows(const Tensor& index) {
       return;
     }
   }
+  if (in_room() && index.numel() <= k_room.size(0) && !k.requires_grad() && !v.requires_grad() &&
+      k_room.impl().storage.use_count() == 2 && v_room.impl().storage.use_count() == 2 &&
+      k.impl_ptr().use_count() == 1 && v.impl_ptr().use_count() == 1) {
+    // Any device (a GPU's index is not read on the host): the live rows are gathered, then
+    // written back at the head of the room, which keeps its storage. Only the T filled positions
+    // move, not the room's whole length, and no new room is allocated.
+    NoGradGuard no_grad;
+    const int64_t n = index.numel(), T = k.size(2);
+    const Tensor picked_k = index_select(k, 0, index), picked_v = index_select(v, 0, index);
+    k_room = k_room.narrow(0, 0, n), v_room = v_room.narrow(0, 0, n);
+    k = k_room.narrow(2, 0, T), v = v_room.narrow(2, 0, T);
+    k.copy_(picked_k), v.copy_(picked_v);
+    return;
+  }
   if (in_room()) {  // the room moves with its rows, so the next steps still write in place
     const int64_t T = k.size(2);
     k_room = index_select(k_room, 0, index), v_room = index_select(v_room, 0, index);

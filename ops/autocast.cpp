@@ -1,6 +1,7 @@
 #include "tapestry/ops/autocast.h"
 
 #include "tapestry/ops/cpu/gemm.h"
+#include "tapestry/ops/cuda.h"
 #include "tapestry/ops/error.h"
 
 namespace tapestry {
@@ -13,15 +14,27 @@ Precision autocast_precision() { return current_precision; }
 
 bool bf16_supported(std::string* why) { return kernels::cpu::bf16_hardware(why); }
 
-AutocastGuard::AutocastGuard(Precision p) : prev_(current_precision) {
+bool bf16_supported(Device device, std::string* why) {
+  // The emulated device runs the CPU's kernels (Note [Emulated device]), so it needs the CPU's support.
+  return device.is_cuda() ? cuda::bf16_supported(device, why) : bf16_supported(why);
+}
+
+AutocastGuard::AutocastGuard(Precision p, Device device) : prev_(current_precision) {
   // Checked only on a change: every matmul's backward opens a guard at its forward's precision.
   std::string why;
-  TP_CHECK(p != Precision::BFloat16 || prev_ == p || bf16_supported(&why), "autocast to bfloat16: {}", why);
+  TP_CHECK(p != Precision::BFloat16 || prev_ == p || bf16_supported(device, &why), "autocast to bfloat16 on {}: {}",
+           device_name(device), why);
   current_precision = p;
 }
 
 AutocastGuard::~AutocastGuard() { current_precision = prev_; }
 
 std::string gemm_library() { return kernels::cpu::gemm_library(); }
+
+std::string gemm_library(Device device, Precision p) {
+  if (!device.is_cuda()) return gemm_library() + (p == Precision::BFloat16 ? "+bf16" : "");
+  if (p == Precision::BFloat16) return "cublas-bf16";
+  return cuda::allow_tf32() ? "cublas-tf32" : "cublas-fp32";
+}
 
 }  // namespace tapestry

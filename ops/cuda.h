@@ -33,8 +33,13 @@ void reset_peak_memory(Device device = Device::CUDA);
 void empty_cache(Device device = Device::CUDA);  // returns cached, unused blocks to the driver
 
 // TF32 tensor cores for float32 matmuls (faster, about 10 mantissa bits): off unless asked for.
+// Process-wide, as torch.backends.cuda.matmul.allow_tf32; `--tf32` on bench, train and translate.
 void set_allow_tf32(bool on);
 bool allow_tf32();
+
+// Whether autocast to bfloat16 (ops/autocast.h) can run its matmuls on this GPU: cuBLAS's bfloat16
+// gemm with float32 accumulation, compute capability 8.0 or later. When not, `why` says why.
+bool bf16_supported(Device device, std::string* why = nullptr);
 
 // The kernel scaled_dot_product_attention runs on a GPU.
 //   Gemm:  cuBLAS batched gemms around a row kernel; the [B·H, Tq, Tk] scores (two such buffers

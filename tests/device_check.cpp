@@ -6,6 +6,9 @@
 //   device_check cuda       every GPU (ctest cuda, label cuda). Exits 77, which ctest reports as
 //                           skipped, with one line saying why, where there is no CUDA build or no
 //                           GPU: it never passes without having run.
+//   device_check cuda attention steps   only the named sections (`device_check` alone lists them):
+//                           what a sanitizer or a short GPU window runs (tools/gpu-window.sh). A
+//                           tolerance failure names the largest difference and its element.
 // The checks, on every device:
 //   1. every op of the OpInfo table (tests/opinfo.h), every sample PyTorch accepts, on inputs
 //      with the same layout (non-contiguous, expanded, 0-d, empty): the same outputs, the same
@@ -25,6 +28,7 @@
 #define DOCTEST_CONFIG_DISABLE
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -58,22 +62,59 @@ Tensor same_layout_on(const Tensor& t, Device device) {
   return moved;
 }
 
-// |a - b| within atol + rtol |b| everywhere, NaN where NaN, equal infinities.
-bool close(const Tensor& gpu, const Tensor& cpu, double rtol, double atol) {
-  if (exact) rtol = atol = 0;
-  if (gpu.defined() != cpu.defined()) return false;
-  if (!gpu.defined()) return true;
-  if (gpu.sizes() != cpu.sizes() || gpu.dtype() != cpu.dtype()) return false;
+// Where `gpu` and `cpu` differ beyond atol + rtol |cpu|: how many elements, and the one furthest
+// over (its |difference|, both values, its index), so that one failing run settles a tolerance
+// question. Empty when every element is within.
+std::string largest_difference(const Tensor& gpu, const Tensor& cpu, double rtol, double atol) {
+  if (gpu.defined() != cpu.defined()) return "defined on one side only";
+  if (!gpu.defined()) return "";
+  if (gpu.sizes() != cpu.sizes() || gpu.dtype() != cpu.dtype())
+    return fmt::format("shape or dtype differ: {} {} on the device, {} {} on the CPU", gpu.sizes(),
+                       dtype_name(gpu.dtype()), cpu.sizes(), dtype_name(cpu.dtype()));
   std::vector<double> x = gpu.to_vector<double>(), y = cpu.to_vector<double>();
+  size_t worst = 0, over = 0;
+  double worst_excess = -1, worst_abs = 0;
   for (size_t i = 0; i < x.size(); ++i) {
-    if (std::isnan(x[i]) || std::isnan(y[i])) {
-      if (std::isnan(x[i]) != std::isnan(y[i])) return false;
-      continue;
-    }
-    if (x[i] == y[i]) continue;
-    if (std::fabs(x[i] - y[i]) > atol + rtol * std::fabs(y[i])) return false;
+    if (x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i]))) continue;
+    const double d = std::fabs(x[i] - y[i]), allowed = atol + rtol * std::fabs(y[i]);
+    const double excess = std::isnan(d) ? INFINITY : d / std::max(allowed, 1e-300);  // NaN on one side only
+    if (!(d <= allowed)) ++over;
+    if (excess > worst_excess) worst_excess = excess, worst = i, worst_abs = d;
   }
-  return true;
+  if (over == 0) return "";
+  return fmt::format("{} of {} elements over atol {:g} + rtol {:g} |cpu|; largest |difference| {:.3g} ({:.3g}x "
+                     "the allowed) at element {} of {}: device {:.9g}, CPU {:.9g}",
+                     over, x.size(), atol, rtol, worst_abs, worst_excess, worst, gpu.sizes(), x[worst], y[worst]);
+}
+
+// |gpu - cpu| within atol + rtol |cpu| everywhere (0 and 0 on the emulated device), NaN where NaN,
+// equal infinities; a failure names the largest difference.
+void expect_close(const Tensor& gpu, const Tensor& cpu, double rtol, double atol, const std::string& what) {
+  if (exact) rtol = atol = 0;
+  const std::string diff = largest_difference(gpu, cpu, rtol, atol);
+  expect(diff.empty(), what + ": " + diff);
+}
+
+// max_diff(a, b) (|a - b| / (1 + |b|), tests/helpers.h) at most `tolerance`; a failure names the
+// largest difference and its element.
+void expect_within(const Tensor& a, const Tensor& b, double tolerance, const std::string& what) {
+  const double d = max_diff(a, b);
+  if (d <= tolerance) return;
+  Tensor x = a.detach().to(Device::CPU).to(kFloat64), y = b.detach().to(Device::CPU).to(kFloat64);
+  std::string where;
+  if (x.sizes() == y.sizes()) {  // the worst element of |x - y| / (1 + |y|)
+    const std::vector<double> xv = x.to_vector<double>(), yv = y.to_vector<double>();
+    size_t worst = 0;
+    double w = -1;
+    for (size_t i = 0; i < xv.size(); ++i) {
+      double e = std::fabs(xv[i] - yv[i]) / (1 + std::fabs(yv[i]));
+      if (std::isnan(e)) e = INFINITY;
+      if (e > w) w = e, worst = i;
+    }
+    if (!xv.empty()) where = fmt::format(" at element {} of {}: device {:.9g}, CPU {:.9g}", worst, x.sizes(), xv[worst], yv[worst]);
+  }
+  expect(false, fmt::format("{}: largest |difference| / (1 + |cpu|) {:.3g} over the tolerance {:g}{}", what, d,
+                            tolerance, where));
 }
 
 // The ops whose names start with `prefix` (all by default).
@@ -106,15 +147,15 @@ void check_op_table(Device device, const std::string& prefix = "") {
       for (size_t i = 0; i < cpu.outputs.size(); ++i) {
         const bool f32 = cpu.outputs[i].defined() && cpu.outputs[i].dtype() == kFloat32;
         expect(gpu.outputs[i].device() == device || !gpu.outputs[i].defined(), where + ": an output left the device");
-        expect(close(gpu.outputs[i], cpu.outputs[i], f32 ? 1e-4 : 1e-10, f32 ? 1e-5 : 1e-12),
-               fmt::format("{}: output {} differs from the CPU's", where, i));
+        expect_close(gpu.outputs[i], cpu.outputs[i], f32 ? 1e-4 : 1e-10, f32 ? 1e-5 : 1e-12,
+                     fmt::format("{}: output {} differs from the CPU's", where, i));
       }
       expect(cpu.backward_error.empty() == gpu.backward_error.empty(), where + ": backward errors differ: " +
                                                                             cpu.backward_error + " / " + gpu.backward_error);
       for (size_t i = 0; i < cpu.grads.size(); ++i) {
         const bool f32 = cpu.grads[i].defined() && cpu.grads[i].dtype() == kFloat32;
-        expect(close(gpu.grads[i], cpu.grads[i], f32 ? 1e-3 : 1e-9, f32 ? 1e-4 : 1e-11),
-               fmt::format("{}: the gradient of input {} differs from the CPU's", where, i));
+        expect_close(gpu.grads[i], cpu.grads[i], f32 ? 1e-3 : 1e-9, f32 ? 1e-4 : 1e-11,
+                     fmt::format("{}: the gradient of input {} differs from the CPU's", where, i));
       }
       // gradcheck in float64 on the device, where the CPU suite runs it (tests/test_opinfo.cpp).
       std::vector<size_t> pos;
@@ -213,8 +254,8 @@ void check_attention(Device device, cuda::AttentionKernel kernel) {
     const bool f32 = c.dtype == kFloat32;
     const char* names[] = {"the output", "the gradient of q", "the gradient of k", "the gradient of v"};
     for (size_t i = 0; i < cpu.size(); ++i)
-      expect(close(gpu[i].to(Device::CPU), cpu[i], f32 ? 1e-4 : 1e-10, f32 ? 1e-5 : 1e-12),
-             where + ": " + names[i] + " differs from the CPU's");
+      expect_close(gpu[i].to(Device::CPU), cpu[i], f32 ? 1e-4 : 1e-10, f32 ? 1e-5 : 1e-12,
+                   where + ": " + names[i] + " differs from the CPU's");
     ++n;
   }
   {  // The kernel's own outputs: the saved statistics too, a fully masked row, 9 leading dims
@@ -231,8 +272,8 @@ void check_attention(Device device, cuda::AttentionKernel kernel) {
                                                                             mask.to(device), true, 0.125, 0.0, 0);
     const std::string where = fmt::format("attention ({}) with 9 leading dims and a fully masked row on {}",
                                           kernel_name(kernel), device_name(device));
-    expect(close(gpu.out.to(Device::CPU), cpu.out, 1e-10, 1e-12), where + ": the output differs from the CPU's");
-    expect(close(gpu.lse.to(Device::CPU), cpu.lse, 1e-10, 1e-12), where + ": the statistics differ from the CPU's");
+    expect_close(gpu.out.to(Device::CPU), cpu.out, 1e-10, 1e-12, where + ": the output differs from the CPU's");
+    expect_close(gpu.lse.to(Device::CPU), cpu.lse, 1e-10, 1e-12, where + ": the statistics differ from the CPU's");
     ++n;
   }
   check_op_table(device, "sdpa");
@@ -282,7 +323,7 @@ void expect_same_update(const std::string& where, nn::Module& on_device, nn::Mod
       Tensor noise = le(abs(it->second), 1e-6 * grad_max);
       ours = masked_fill(ours, noise, 0.0), ref = masked_fill(ref, noise, 0.0);
     }
-    expect(max_diff(ours, ref) <= tol(dtype, 1e-9, 2e-5), where + ": " + name + " after the optimizer step differs");
+    expect_within(ours, ref, tol(dtype, 1e-9, 2e-5), where + ": " + name + " after the optimizer step differs");
   }
 }
 
@@ -290,7 +331,7 @@ void expect_same_update(const std::string& where, nn::Module& on_device, nn::Mod
 void expect_same_step(const std::string& where, nn::Module& on_device, nn::Module& on_cpu, const Tensor& loss_dev,
                       const Tensor& loss_cpu, optim::Optimizer& dev_opt, optim::Optimizer& cpu_opt, DType dtype,
                       Device device) {
-  expect(max_diff(loss_dev, loss_cpu) <= tol(dtype, 1e-10, 1e-5), where + ": the loss differs");
+  expect_within(loss_dev, loss_cpu, tol(dtype, 1e-10, 1e-5), where + ": the loss differs");
   std::map<std::string, Tensor> cpu_params, grads;
   for (auto& [name, p] : on_cpu.named_parameters()) {
     cpu_params[name] = p;
@@ -302,7 +343,7 @@ void expect_same_step(const std::string& where, nn::Module& on_device, nn::Modul
     expect(p.grad().defined() == q.grad().defined(), where + ": " + name + " has a gradient on one device only");
     if (p.grad().defined()) {
       expect(p.grad().device() == device, where + ": the gradient of " + name + " is not on the device");
-      expect(max_diff(p.grad(), q.grad()) <= tol(dtype, 1e-9, 1e-4), where + ": the gradient of " + name + " differs");
+      expect_within(p.grad(), q.grad(), tol(dtype, 1e-9, 1e-4), where + ": the gradient of " + name + " differs");
     }
   }
   cpu_opt.step();
@@ -454,7 +495,7 @@ void check_optimizers(Device device) {
       for (auto& [name, p] : on_cpu.named_parameters()) ref[name] = p;
       for (auto& [name, p] : on_dev.named_parameters()) {
         expect(p.device() == device, where + ": " + name + " left the device");
-        expect(max_diff(p, ref[name]) <= tol(dtype, 1e-9, 1e-5), where + ": " + name + " after 3 steps differs");
+        expect_within(p, ref[name], tol(dtype, 1e-9, 1e-5), where + ": " + name + " after 3 steps differs");
       }
     }
   }
@@ -578,6 +619,13 @@ void check_regressions(Device device) {
 }
 
 void check_runtime(Device device) {
+  {  // The tolerance report names the element furthest over, both values and how many are over.
+    const std::string diff = largest_difference(tensor({1.0, 2.5, 3.0, 4.0}), tensor({1.0, 2.0, 3.0, 4.001}), 0, 1e-3);
+    expect(diff.find("1 of 4 elements") != std::string::npos && diff.find("at element 1") != std::string::npos &&
+               diff.find("device 2.5, CPU 2") != std::string::npos,
+           "a tolerance failure names the largest difference: " + diff);
+    expect(largest_difference(tensor({1.0}), tensor({1.0005}), 0, 1e-3).empty(), "within the tolerance: no report");
+  }
   Tensor a = ones({2, 3}, device), b = ones({2, 3});
   const std::string mixed = error_of([&] { add(a, b); });
   expect(mixed.find("expected all tensors on one device") != std::string::npos &&
@@ -737,51 +785,104 @@ void check_topk(Device device) {
   std::printf("device_check: %zu topk cases on %s equal the CPU's, index for index\n", n, device_name(device).c_str());
 }
 
-// Everything above that holds on any device.
-void check_device(Device device) {
-  check_runtime(device);
-  check_regressions(device);
-  check_op_table(device);
-  check_transformer_step(device, kFloat64);
-  check_transformer_step(device, kFloat32);
-  check_gpt_step(device, kFloat64);
-  check_gpt_step(device, kFloat32);
-  check_optimizers(device);
-  check_decoding_and_checkpoints(device);
-  check_topk(device);
-  check_step_budget(device);
+// The sections (`device_check cuda SECTION...`; all by default): each runs alone, so that a
+// sanitizer or a short GPU window can take the ones that fit. `ops:PREFIX` runs the op table's
+// ops whose names start with PREFIX.
+struct Section {
+  const char* name;
+  const char* what;
+  bool gpu_only;
+  std::function<void(Device)> run;
+};
+
+const std::vector<Section>& sections() {
+  static const std::vector<Section> all = {
+      {"runtime", "mixed devices, device-side errors, counts, round trips, the caching allocator", false, check_runtime},
+      {"regressions", "the bugs a first GPU run would have hit", false, check_regressions},
+      {"ops", "every op of the OpInfo table: outputs, gradients, errors, float64 gradcheck", false,
+       [](Device d) { check_op_table(d); }},
+      {"steps", "a Transformer and a GPT train step in float64 and float32", false,
+       [](Device d) {
+         check_transformer_step(d, kFloat64);
+         check_transformer_step(d, kFloat32);
+         check_gpt_step(d, kFloat64);
+         check_gpt_step(d, kFloat32);
+       }},
+      {"optimizers", "SGD, Adam, AdamW with groups, clipping, anomaly mode", false, check_optimizers},
+      {"decoding", "greedy, beam search and sampling, a checkpoint saved and loaded on the device", false,
+       check_decoding_and_checkpoints},
+      {"topk", "topk against the CPU, index for index", false, check_topk},
+      {"budget", "the base and lm train steps' syncs and launches", false, check_step_budget},
+      {"attention", "both attention kernels against the CPU, a step through the tiled one, its memory", true,
+       [](Device d) {
+         check_attention(d, cuda::AttentionKernel::Gemm);
+         check_attention(d, cuda::AttentionKernel::Tiled);
+         cuda::set_attention_kernel(cuda::AttentionKernel::Tiled);  // the model step through the tiled kernel
+         check_transformer_step(d, kFloat32);
+         cuda::set_attention_kernel(cuda::AttentionKernel::Auto);
+         check_attention_memory(d);
+       }},
+      {"attention-gemm", "the gemm attention kernel against the CPU (for a sanitizer)", true,
+       [](Device d) { check_attention(d, cuda::AttentionKernel::Gemm); }},
+      {"attention-tiled", "the tiled attention kernels against the CPU (for a sanitizer)", true,
+       [](Device d) { check_attention(d, cuda::AttentionKernel::Tiled); }},
+  };
+  return all;
 }
 
-int run(const std::string& kind) {
+void run_section(const std::string& name, Device device) {
+  if (name.rfind("ops:", 0) == 0) return check_op_table(device, name.substr(4));
+  for (const Section& s : sections())
+    if (name == s.name) {
+      if (s.gpu_only && !device.is_cuda()) return;  // the emulated device runs the CPU's attention kernel
+      check.note(fmt::format("section {} on {}", s.name, device_name(device)));
+      return s.run(device);
+    }
+}
+
+bool known_section(const std::string& name) {
+  if (name.rfind("ops:", 0) == 0) return true;
+  for (const Section& s : sections())
+    if (name == s.name) return true;
+  return false;
+}
+
+int run(const std::string& kind, std::vector<std::string> names) {
+  if (names.empty())  // every section once (attention covers attention-gemm and attention-tiled)
+    for (const Section& s : sections())
+      if (std::string(s.name).rfind("attention-", 0) != 0) names.push_back(s.name);
   if (kind == "emulated") {
     exact = true;
-    check_device(Device::Emulated);
+    for (const std::string& n : names) run_section(n, Device::Emulated);
     return 0;
   }
   if (!cuda::built() || !cuda::is_available()) {
     check.note("cuda skipped: " + cuda::unavailable_reason());
     return testing::Checker::kSkipped;
   }
-  for (int i = 0; i < cuda::device_count(); ++i) {
-    const Device device(DeviceType::CUDA, i);
-    check_device(device);
-    check_attention(device, cuda::AttentionKernel::Gemm);
-    check_attention(device, cuda::AttentionKernel::Tiled);
-    cuda::set_attention_kernel(cuda::AttentionKernel::Tiled);  // the model step through the tiled kernel
-    check_transformer_step(device, kFloat32);
-    cuda::set_attention_kernel(cuda::AttentionKernel::Auto);
-    check_attention_memory(device);
-  }
+  for (int i = 0; i < cuda::device_count(); ++i)
+    for (const std::string& n : names) run_section(n, Device(DeviceType::CUDA, i));
   return 0;
+}
+
+int usage() {
+  std::fprintf(stderr, "usage: device_check emulated|cuda [SECTION...]   (all sections by default)\nsections:\n");
+  for (const Section& s : sections())
+    std::fprintf(stderr, "  %-12s %s%s\n", s.name, s.what, s.gpu_only ? " (GPU only)" : "");
+  std::fprintf(stderr, "  %-12s the op table's ops whose names start with PREFIX\n", "ops:PREFIX");
+  return testing::Checker::kUsage;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string kind = argc > 1 ? argv[1] : "";
-  if (argc != 2 || (kind != "emulated" && kind != "cuda")) {
-    std::fprintf(stderr, "usage: device_check emulated|cuda\n");
-    return testing::Checker::kUsage;
-  }
-  return check.run([&] { return run(kind); });
+  if (argc < 2 || (kind != "emulated" && kind != "cuda")) return usage();
+  std::vector<std::string> names(argv + 2, argv + argc);
+  for (const std::string& n : names)
+    if (!known_section(n)) {
+      std::fprintf(stderr, "device_check: unknown section '%s'\n", n.c_str());
+      return usage();
+    }
+  return check.run([&] { return run(kind, names); });
 }

@@ -10,6 +10,7 @@
 
 #include "tapestry/models/gpt.h"
 #include "tapestry/ops/autocast.h"
+#include "tapestry/ops/cuda.h"
 #include "tapestry/optim/optimizer.h"
 #include "tests/helpers.h"
 
@@ -116,6 +117,40 @@ TEST_CASE("autocast: the guard nests, restores, and refuses where the CPU cannot
     CHECK(autocast_precision() == Precision::BFloat16);
   }
   CHECK(autocast_precision() == Precision::Float32);
+}
+
+TEST_CASE("autocast on a device: the check names the device; the gemm names say what runs") {
+  // A GPU's bfloat16 runs through cuBLAS (compute capability 8.0 or later): without one (or
+  // without a CUDA build) the guard and the matmul refuse, naming the device and the reason.
+  if (!cuda::is_available()) {
+    std::string why;
+    CHECK_FALSE(bf16_supported(Device::CUDA, &why));
+    CHECK_FALSE(why.empty());
+    CHECK_THROWS_WITH_AS(AutocastGuard(Precision::BFloat16, Device::CUDA), doctest::Contains("autocast to bfloat16 on cuda"),
+                         Error);
+    CHECK(autocast_precision() == Precision::Float32);
+  }
+  // The emulated device runs the CPU's kernels, so it has the CPU's support, and the same products.
+  CHECK(bf16_supported(Device::Emulated) == bf16_supported());
+  CHECK(gemm_library(Device::CPU) == gemm_library());
+  CHECK(gemm_library(Device::CPU, Precision::BFloat16) == gemm_library() + "+bf16");
+  CHECK(gemm_library(Device::CUDA, Precision::BFloat16) == "cublas-bf16");
+  cuda::set_allow_tf32(true);
+  CHECK(gemm_library(Device::CUDA) == "cublas-tf32");
+  CHECK(gemm_library(Device::CPU) == gemm_library());  // TF32 is a GPU switch: the CPU is unchanged
+  cuda::set_allow_tf32(false);
+  CHECK(gemm_library(Device::CUDA) == "cublas-fp32");
+  if (!bf16_supported()) return;
+  manual_seed(5);
+  Tensor a = randn({5, 7}), b = randn({3, 7, 4});
+  Tensor on_cpu, on_device;
+  {
+    AutocastGuard bf16(Precision::BFloat16, Device::Emulated);
+    on_cpu = matmul(a, b);
+    on_device = matmul(a.to(Device::Emulated), b.to(Device::Emulated));
+  }
+  CHECK(on_device.device() == Device::Emulated);
+  CHECK(max_diff(on_device.cpu(), on_cpu) == 0.0);
 }
 
 TEST_CASE("autocast: matmul and linear in bfloat16 equal the product of the rounded operands") {

@@ -10,6 +10,7 @@
 
 #include "tapestry/nn/layers.h"
 #include "tapestry/nn/safetensors.h"
+#include "tapestry/ops/runtime.h"
 #include "tests/helpers.h"
 
 using namespace tapestry;
@@ -431,6 +432,42 @@ TEST_CASE("KVCache: rows leaving a batch move in place, unless a view of the cac
     CHECK_THROWS_AS(bad.select_rows(rows({0, 9})), Error);
     CHECK_THROWS_AS(bad.select_rows(rows({-1})), Error);
   }
+}
+
+TEST_CASE("KVCache: on a device, reordered rows stay in the room (no copy of the whole cache)") {
+  // The emulated device stands for a GPU: the index is not read on the host, and a beam's reorder
+  // (a permutation) and finished rows leaving (fewer rows) both write into the same room.
+  Generator g(9);
+  const int64_t B = 4, H = 2, K = 3, steps = 5;
+  std::vector<Tensor> ks, vs;
+  for (int64_t t = 0; t < steps; ++t) {
+    ks.push_back(randn({B, H, 1, K}, DType::Float32, &g));
+    vs.push_back(randn({B, H, 1, K}, DType::Float32, &g));
+  }
+  NoGradGuard no_grad;
+  nn::KVCache cache;
+  for (int64_t t = 0; t < steps; ++t) {
+    Tensor k = ks[t].to(Device::Emulated), v = vs[t].to(Device::Emulated);
+    cache.append(k, v);
+  }
+  const Tensor all_k = cat(ks, 2), all_v = cat(vs, 2);
+  const Storage* room = cache.k.storage();
+  const Tensor order = tensor(std::vector<int64_t>{3, 1, 0, 2}).to(Device::Emulated);
+  runtime::reset_counts();
+  cache.select_rows(order);
+  CHECK(runtime::counts().syncs == 0);  // the index stays on the device
+  CHECK(cache.k.storage() == room);
+  const Tensor perm = tensor(std::vector<int64_t>{3, 1, 0, 2});
+  CHECK(max_diff(cache.k.cpu(), index_select(all_k, 0, perm)) == 0.0);
+  CHECK(max_diff(cache.v.cpu(), index_select(all_v, 0, perm)) == 0.0);
+  cache.select_rows(tensor(std::vector<int64_t>{2, 0}).to(Device::Emulated));
+  CHECK(cache.k.storage() == room);
+  const Tensor kept = index_select(perm, 0, tensor(std::vector<int64_t>{2, 0}));
+  CHECK(max_diff(cache.k.cpu(), index_select(all_k, 0, kept)) == 0.0);
+  Tensor k = ks[0].narrow(0, 0, 2).to(Device::Emulated), v = vs[0].narrow(0, 0, 2).to(Device::Emulated);
+  cache.append(k, v);  // the next step still writes in place
+  CHECK(cache.k.storage() == room);
+  CHECK(max_diff(cache.k.cpu(), cat({index_select(all_k, 0, kept), ks[0].narrow(0, 0, 2)}, 2)) == 0.0);
 }
 
 TEST_CASE("PositionalEncoding adds the sinusoids and extends to any length") {

@@ -76,6 +76,11 @@ double peak_rss_mib() {
 Device bench_device = Device::CPU;
 void wait_for_device() { cuda::synchronize(bench_device); }
 
+// What ran the train step's float32 matmuls (the JSON's "gemm"): the CPU's library, or cuBLAS in its mode.
+std::string gemm_name(const BenchOptions& o) {
+  return gemm_library(bench_device, o.precision == "bf16" ? Precision::BFloat16 : Precision::Float32);
+}
+
 // The peak resident memory, and the GPU's peak in tensors when the workload ran there.
 void print_memory() {
   std::printf("peak RSS          %8.1f MiB\n", peak_rss_mib());
@@ -150,6 +155,7 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   apps::TrainerOptions to;
   to.checkpoint_activations = o.checkpoint_activations;
   to.precision = o.precision;
+  to.tf32 = o.tf32;
   to.progress = false, to.clip_norm = 1.0;
   apps::Trainer trainer(model, adamw, nullptr, to);
   const std::vector<apps::TrainBatch> step_batch = {{batch * block, [&] { return model.loss(x, y); }}};
@@ -181,7 +187,7 @@ int run_lm_bench(const BenchOptions& o, int threads) {
                 "\"train_ms_min\": %.3f, \"train_ms_max\": %.3f, \"tgt_tokens_per_s\": %.1f, \"forward_ms_median\": "
                 "%.3f, \"decode_tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, \"params\": %lld, \"syncs_per_step\": %lld, "
                 "\"launches_per_step\": %lld}\n",
-                o.precision.c_str(), gemm_library().c_str(), o.device.c_str(), o.attention.c_str(), threads, step_ms, mn, mx, tok_s, median(fwd_ms), dec_tok_s, peak_rss_mib(),
+                o.precision.c_str(), gemm_name(o).c_str(), o.device.c_str(), o.attention.c_str(), threads, step_ms, mn, mx, tok_s, median(fwd_ms), dec_tok_s, peak_rss_mib(),
                 static_cast<long long>(model.num_parameters()), (long long)per_step.syncs, (long long)per_step.launches);
     return 0;
   }
@@ -212,6 +218,7 @@ int run_vit_bench(const BenchOptions& o, int threads) {
   apps::TrainerOptions to;
   to.checkpoint_activations = o.checkpoint_activations;
   to.precision = o.precision;
+  to.tf32 = o.tf32;
   to.progress = false;
   apps::Trainer trainer(model, adamw, nullptr, to);
   const std::vector<apps::TrainBatch> step_batch = {{batch, [&] { return model.loss(x, y); }}};
@@ -225,7 +232,7 @@ int run_vit_bench(const BenchOptions& o, int threads) {
     std::printf("{\"impl\": \"tapestry\", \"precision\": \"%s\", \"gemm\": \"%s\", \"device\": \"%s\", \"workload\": \"vit\", \"threads\": %d, "
                 "\"train_ms_median\": %.3f, \"train_ms_min\": %.3f, \"train_ms_max\": %.3f, \"images_per_s\": %.1f, "
                 "\"peak_rss_mib\": %.1f, \"params\": %lld}\n",
-                o.precision.c_str(), gemm_library().c_str(), o.device.c_str(), threads, step_ms, mn, mx, img_s, peak_rss_mib(),
+                o.precision.c_str(), gemm_name(o).c_str(), o.device.c_str(), threads, step_ms, mn, mx, img_s, peak_rss_mib(),
                 static_cast<long long>(model.num_parameters()));
     return 0;
   }
@@ -278,6 +285,41 @@ int run_layouts(const BenchOptions& o, int threads) {
 
 }  // namespace
 
+// Attention alone (`--workload attention`): causal scaled_dot_product_attention, head size 64,
+// 8 heads, sequence lengths 256, 1024 and 4096 (batch 8, 4, 1), forward and forward + backward,
+// on --device with --attention's kernel; one line (JSON with --json) per length.
+// bench_torch.py --workload attention times torch's F.scaled_dot_product_attention the same way.
+int run_attention_bench(const BenchOptions& o) {
+  for (const auto& [T, B] : std::vector<std::pair<int64_t, int64_t>>{{256, 8}, {1024, 4}, {4096, 1}}) {
+    Generator g(7);
+    const Shape shape = {B, 8, T, 64};
+    Tensor q = randn(shape, DType::Float32, &g).to(bench_device).requires_grad_();
+    Tensor k = randn(shape, DType::Float32, &g).to(bench_device).requires_grad_();
+    Tensor v = randn(shape, DType::Float32, &g).to(bench_device).requires_grad_();
+    Tensor dout = randn(shape, DType::Float32, &g).to(bench_device);
+    const int runs = std::max(3, o.steps / 2);
+    const std::vector<double> fwd = time_calls(1, runs, [&] {
+      NoGradGuard no_grad;
+      scaled_dot_product_attention(q, k, v, Tensor(), true);
+    });
+    const std::vector<double> both = time_calls(1, runs, [&] {
+      sum(mul(scaled_dot_product_attention(q, k, v, Tensor(), true), dout)).backward();
+    });
+    const double flops = 4.0 * B * 8 * T * T * 64 / 2;  // causal: half of QK^T and PV
+    if (o.json)
+      std::printf("{\"impl\": \"tapestry\", \"workload\": \"attention\", \"device\": \"%s\", \"attention\": \"%s\", "
+                  "\"batch\": %lld, \"heads\": 8, \"seq\": %lld, \"head_dim\": 64, \"forward_ms\": %.4f, "
+                  "\"forward_backward_ms\": %.4f, \"forward_tflops\": %.3f}\n",
+                  o.device.c_str(), o.attention.c_str(), (long long)B, (long long)T, median(fwd), median(both),
+                  flops / (median(fwd) * 1e9));
+    else
+      std::printf("attention (%s) batch %lld, 8 heads, %lld x 64, causal: forward %.3f ms (%.2f TFLOP/s), forward + "
+                  "backward %.3f ms\n", o.attention.c_str(), (long long)B, (long long)T, median(fwd),
+                  flops / (median(fwd) * 1e9), median(both));
+  }
+  return 0;
+}
+
 int run_bench(const BenchOptions& o) {
   if (o.peak) {
     int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
@@ -299,6 +341,7 @@ int run_bench(const BenchOptions& o) {
   if (bench_device.is_cuda()) cuda::reset_peak_memory(bench_device);
   if (o.workload == "lm") return run_lm_bench(o, threads);
   if (o.workload == "vit") return run_vit_bench(o, threads);
+  if (o.workload == "attention") return run_attention_bench(o);
   auto it = workloads().find(o.workload);
   TP_CHECK(it != workloads().end(), "bench: unknown workload '{}' (expected copy, small, base, lm or vit)", o.workload);
   const Workload w = it->second;
@@ -325,6 +368,7 @@ int run_bench(const BenchOptions& o) {
   apps::TrainerOptions to;
   to.checkpoint_activations = o.checkpoint_activations;
   to.precision = o.precision;
+  to.tf32 = o.tf32;
   to.progress = false;
   apps::Trainer trainer(model, adam, nullptr, to);
   const std::vector<apps::TrainBatch> batch = {
@@ -360,7 +404,7 @@ int run_bench(const BenchOptions& o) {
         "%.3f, \"train_ms_max\": %.3f, \"tgt_tokens_per_s\": %.1f, \"train_gflops\": %.2f, \"forward_ms_median\": "
         "%.3f, \"decode_tokens_per_s\": %.1f, \"sgemm_gflops\": %.2f, \"peak_rss_mib\": %.1f, \"params\": %lld, "
         "\"syncs_per_step\": %lld, \"launches_per_step\": %lld, \"checkpoint_activations\": %s}\n",
-        o.precision.c_str(), gemm_library().c_str(), o.device.c_str(), o.attention.c_str(), o.workload.c_str(), threads, step_ms, *std::min_element(train_ms.begin(), train_ms.end()),
+        o.precision.c_str(), gemm_name(o).c_str(), o.device.c_str(), o.attention.c_str(), o.workload.c_str(), threads, step_ms, *std::min_element(train_ms.begin(), train_ms.end()),
         *std::max_element(train_ms.begin(), train_ms.end()), tok_s, train_gflops, median(fwd_ms), dec_tok_s,
         sgemm_gflops, peak_rss_mib(), static_cast<long long>(model.num_parameters()), (long long)per_step.syncs,
         (long long)per_step.launches, o.checkpoint_activations ? "true" : "false");
@@ -371,7 +415,8 @@ int run_bench(const BenchOptions& o) {
               o.workload.c_str(), (long long)w.d_model, (long long)w.enc_layers, (long long)w.dec_layers,
               (long long)w.heads, (long long)w.d_ff, (long long)w.vocab, (long long)w.batch, (long long)w.src_len,
               (long long)w.tgt_len, (long long)model.num_parameters(), threads);
-  std::printf("gemm library %s; train step matmuls in %s\n", gemm_library().c_str(), o.precision == "bf16" ? "bfloat16" : "float32");
+  std::printf("gemm %s; train step matmuls in %s\n", gemm_name(o).c_str(),
+              o.precision == "bf16" ? "bfloat16" : (o.tf32 && bench_device.is_cuda() ? "TF32" : "float32"));
   if (o.checkpoint_activations)
     std::printf("activation checkpointing: each layer recomputed in backward (GFLOP/s counts no recomputation)\n");
   std::printf("train step        %8.2f ms median (min %.2f, max %.2f, %d steps)\n", step_ms,
@@ -395,8 +440,9 @@ namespace tapestry::tools {
 Subcommand add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   auto* bench = app.add_subcommand("bench", "time a named workload (see docs/benchmarks.md)");
-  bench->add_option("--workload", o->workload, "copy, small, base (Transformer), lm (GPT) or vit (ViT)")
-      ->check(CLI::IsMember({"copy", "small", "base", "lm", "vit"}))
+  bench->add_option("--workload", o->workload, "copy, small, base (Transformer), lm (GPT), vit (ViT) or attention "
+                    "(scaled_dot_product_attention alone at lengths 256, 1024, 4096)")
+      ->check(CLI::IsMember({"copy", "small", "base", "lm", "vit", "attention"}))
       ->capture_default_str();
   bench->add_option("--threads", o->threads, "threads (default: all cores)")->check(positive());
   bench->add_option("--steps", o->steps, "timed train steps")->check(positive())->capture_default_str();
@@ -407,9 +453,12 @@ Subcommand add_bench(CLI::App& app) {
   bench->add_flag("--layouts", o->layouts, "time x W^T from both weight layouts instead (nn::Linear's inference copy)");
   bench->add_flag("--checkpoint-activations", o->checkpoint_activations, "recompute each block during backward (less "
                   "memory, about one more forward)");
-  bench->add_option("--precision", o->precision, "fp32, or bf16: the train step's matmuls in bfloat16 (AVX512-BF16)")
+  bench->add_option("--precision", o->precision, "fp32, or bf16: the train step's matmuls in bfloat16 (a CPU with "
+                    "AVX512-BF16, or a GPU of compute capability 8.0 or later)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
+  bench->add_flag("--tf32", o->tf32, "float32 matmuls on a GPU through TF32 tensor cores (as "
+                  "torch.backends.cuda.matmul.allow_tf32; bench_torch.py --tf32 is PyTorch's side)");
   bench->add_option("--device", o->device, "cpu, cuda, cuda:N, or emulated (the test device: CPU kernels, GPU rules)")->check(device_flag())->capture_default_str();
   bench->add_option("--attention", o->attention,
                     "the GPU's attention kernel: gemm (cuBLAS, holds the scores), tiled (FlashAttention-style) or "

@@ -16,6 +16,7 @@ struct BenchOptions {
   std::string device = "cpu";  // cpu, cuda or cuda:N
   std::string attention = "auto";  // the GPU's attention kernel: auto, gemm or tiled
   std::string precision = "fp32";  // the Trainer's --precision
+  bool tf32 = false;               // the Trainer's --tf32: float32 matmuls on a GPU through TF32
   bool checkpoint_activations = false;  // the Trainer's --checkpoint-activations
 };
 

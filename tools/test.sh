@@ -7,11 +7,12 @@
 #             (RelWithDebInfo), without MPI (the one-process build every user gets by default),
 #             less the `kill` loop and the `convergence` tests (trainings to a quality threshold,
 #             8-20x slower under the sanitizers; both kept to the release stage for time)
-#   cuda      the CUDA variant (-DTAPESTRY_CUDA=ON with MPI and NCCL, nvcc from /usr/local/cuda, sm_80/90) in
-#             build-cuda/: the library, the command line and tests/device_check compiled and linked,
-#             then ctest -L cuda, which runs every CPU-vs-GPU check on a GPU and otherwise reports
-#             itself skipped with the reason (no GPU, or no driver); without a toolkit the stage
-#             says so and is skipped
+#   cuda      the GPU kit (tools/gpu-kit.sh pack: the CUDA variant as a lent GPU machine runs it,
+#             -DTAPESTRY_CUDA=ON, portable x86-64, sm_90, nvcc from /usr/local/cuda, in build-cuda/,
+#             gathered with its libraries into .gpu-kit), then tools/gpu-kit.sh check (the window
+#             command against the kit on a simulated bare machine without a GPU), then ctest -L
+#             cuda, which runs every CPU-vs-GPU check on a GPU and otherwise reports itself
+#             skipped with the reason; without a toolkit the stage says so and is skipped
 #   fuzz      tools/fuzz.sh: every libFuzzer target for TAPESTRY_FUZZ_SECONDS (default 20) each
 #   tools/test.sh                                   # all four stages
 #   TAPESTRY_TEST_STAGES=release tools/test.sh      # only the release suite (a quick local run)
@@ -55,8 +56,8 @@ for stage in $stages; do
                 -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" ;;
     cuda)
       if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
-        cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DTAPESTRY_CUDA=ON -DTAPESTRY_MPI=ON >/dev/null
-        cmake --build build-cuda -j "$jobs" --target tapestry_cli device_check
+        tools/gpu-kit.sh pack build-cuda
+        tools/gpu-kit.sh check
         build-cuda/tapestry --version
         # The CUDA objects too need nothing from a layer above theirs (Note [Sealed core]).
         python3 tools/check-layers.py --objects build-cuda/CMakeFiles/tapestry.dir

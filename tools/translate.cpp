@@ -8,6 +8,7 @@
 
 #include "apps/data/text.h"
 #include "apps/tasks/translation.h"
+#include "tapestry/ops/cuda.h"
 #include "tapestry/ops/factory.h"
 #include "tapestry/ops/profile.h"
 #include "tools/cli.h"
@@ -38,7 +39,7 @@ Subcommand add_translate(CLI::App& app) {
     std::string dir, input, weights;
     int64_t beam = 4, batch = 50, threads = 0;
     double alpha = 0.6;
-    bool greedy = false, profile = false;
+    bool greedy = false, profile = false, tf32 = false;
     std::string device = "cpu";
   };
   auto f = std::make_shared<Flags>();
@@ -55,11 +56,14 @@ Subcommand add_translate(CLI::App& app) {
   translate->add_option("--weights", f->weights,
                         "weights file in the checkpoint directory (default: model.avg.safetensors if the run averaged, "
                         "else model.safetensors)");
+  translate->add_flag("--tf32", f->tf32, "float32 matmuls on a GPU through TF32 tensor cores (as "
+                      "torch.backends.cuda.matmul.allow_tf32)");
   translate->add_flag("--profile", f->profile, "print the time spent per op to standard error after decoding");
   return {translate, [f, alpha] {
     if (alpha->count() == 0) f->alpha = run_alpha(f->dir + "/config.toml", f->alpha);
     auto lines = f->input.empty() ? apps::read_lines(std::cin, "<stdin>") : apps::read_lines(f->input);
     if (f->threads > 0) set_num_threads(static_cast<int>(f->threads));
+    cuda::set_allow_tf32(f->tf32);
     auto translator = apps::load_translator(f->dir, f->weights);
     translator.model->to(Device::parse(f->device));
     std::fprintf(stderr, "translate: %s, %s, batches of %lld\n", translator.weights_path.c_str(),

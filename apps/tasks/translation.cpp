@@ -71,6 +71,8 @@ std::vector<std::string> translate_all(Transformer& model, const Subword& sp, co
   DecodeOptions opt;
   opt.bos = Subword::kBos, opt.eos = Subword::kEos;
   const size_t step = static_cast<size_t>(batch);
+  const std::vector<Tensor> params = model.parameters();
+  const Device device = params.empty() ? Device::CPU : params.front().device();  // the ids go where the model is
   for (size_t start = 0; start < sources.size(); start += step) {
     size_t end = std::min(sources.size(), start + step);
     std::vector<std::vector<int64_t>> ids;
@@ -81,7 +83,7 @@ std::vector<std::string> translate_all(Transformer& model, const Subword& sp, co
     }
     std::vector<int64_t> flat(ids.size() * S, Subword::kPad);
     for (size_t i = 0; i < ids.size(); ++i) std::copy(ids[i].begin(), ids[i].end(), flat.begin() + i * S);
-    Tensor src = tensor(flat, {static_cast<int64_t>(ids.size()), S});
+    Tensor src = tensor(flat, {static_cast<int64_t>(ids.size()), S}).to(device);
     auto hyps = beam > 1 ? beam_search(model, src, beam, alpha, opt) : greedy_decode(model, src, opt);
     for (auto& h : hyps) out.push_back(sp.decode(h.tokens));
   }

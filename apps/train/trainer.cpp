@@ -59,9 +59,12 @@ OptionTable trainer_options(TrainerOptions& o) {
         "the translation Transformer's encoder: to rounding)")
       .this_run_only();
   t.add("precision", o.precision, "bf16: the train step's matmuls in bfloat16 with float32 accumulation, as "
-        "torch.autocast(\"cpu\", dtype=torch.bfloat16) (weights, optimizer, softmax, norms, loss and evaluation stay "
-        "float32); needs a CPU with AVX512-BF16")
+        "torch.autocast(dtype=torch.bfloat16) (weights, optimizer, softmax, norms, loss and evaluation stay "
+        "float32); needs a CPU with AVX512-BF16, or a GPU of compute capability 8.0 or later")
       .one_of({"fp32", "bf16"})
+      .this_run_only();
+  t.add("tf32", o.tf32, "float32 matmuls on a GPU through TF32 tensor cores (about 10 mantissa bits, as "
+        "torch.backends.cuda.matmul.allow_tf32); nothing changes on the CPU")
       .this_run_only();
   t.add("eval-every", o.eval_every, "also evaluate every N steps (0: after each epoch only)").at_least(0);
   t.add("no-progress", o.progress, "no progress line on stderr").this_run_only().clears = true;
@@ -100,8 +103,11 @@ Trainer::Trainer(nn::Module& model, optim::Optimizer& optimizer, const optim::Sc
   TP_CHECK(!o_.trainable_only || o_.average <= 1, "train: averaging the epoch copies of adapters (average {}) is not "
            "averaging their updates; set average to 0", o_.average);
   if (o_.checkpoint_activations) model_.set_checkpointing(true);
+  const std::vector<Tensor> params = model_.parameters();
+  device_ = params.empty() ? Device::CPU : params.front().device();
   std::string why;
-  TP_CHECK(o_.precision != "bf16" || bf16_supported(&why), "train: --precision bf16: {}", why);
+  TP_CHECK(o_.precision != "bf16" || bf16_supported(device_, &why), "train: --precision bf16: {}", why);
+  if (o_.tf32) cuda::set_allow_tf32(true);
   checkpoints_ = std::make_unique<Checkpoints>(model_, optimizer_, o_);
   progress_ = std::make_unique<Progress>(o_);
 }
@@ -147,7 +153,7 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
   // synchronisation on a GPU, where reading each loss would stall the device mid-step). The values
   // and their order of summation are those of reading each loss at once.
   std::vector<std::pair<Tensor, int64_t>> losses;  // detached, with their batch's tokens
-  AutocastGuard autocast(o_.precision == "bf16" ? Precision::BFloat16 : Precision::Float32);
+  AutocastGuard autocast(o_.precision == "bf16" ? Precision::BFloat16 : Precision::Float32, device_);
   for (size_t i = 0; i < group.size(); ++i) {
     const TrainBatch& b = group[i];
     if (parallel && b.tokens == 0) continue;  // an empty shard: this rank adds zeros

@@ -80,6 +80,8 @@ struct TrainerOptions {
   bool checkpoint_activations = false;  // recompute each block of the model's stacks in backward
                                         // (Module::set_checkpointing): less memory, one more forward
   std::string precision = "fp32";  // "bf16": each step's forward and backward under an AutocastGuard
+  bool tf32 = false;            // float32 matmuls on a GPU through TF32 tensor cores (cuda::set_allow_tf32;
+                                // process-wide from the Trainer's construction, as PyTorch's switch)
   std::string on_nan = "stop";  // a non-finite loss or gradient norm: "stop" (throw) or "skip" the step
   int64_t eval_every = 0;       // also evaluate every N steps (0: at the end of each epoch only)
   bool progress = true;         // the progress line on stderr
@@ -187,6 +189,7 @@ class Trainer {
   Metrics run_evaluation(int64_t epoch);
 
   nn::Module& model_;
+  Device device_ = Device::CPU;  // the model's (its first parameter's): where autocast runs
   optim::Optimizer& optimizer_;
   const optim::Schedule* schedule_;
   TrainerOptions o_;
@@ -206,10 +209,11 @@ std::map<std::string, Tensor> average_checkpoints(const std::vector<std::string>
 OptionTable trainer_options(TrainerOptions& options);
 // The Trainer's flags that steer one invocation of a run folder's task (multi30k, lm): what a
 // nan does, the time limit, resume/overwrite/reshard, the step log, the progress line,
-// activation checkpointing (memory for compute; the same gradients) and the matmul precision.
+// activation checkpointing (memory for compute; the same gradients) and the matmul precision (bf16
+// autocast, TF32 on a GPU).
 inline const std::vector<std::string> kRunControlFlags = {"on-nan", "time-limit", "resume", "overwrite", "reshard",
                                                          "step-log", "no-progress", "checkpoint-activations",
-                                                         "precision"};
+                                                         "precision", "tf32"};
 
 // Throws naming the first bad option (what the Trainer's constructor checks), as its flag would.
 void check_options(const TrainerOptions& options);

@@ -335,10 +335,12 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
   const DType dtype = q_in.dtype();
   Tensor dq = empty_on(q_in.sizes(), dtype, device), dk = empty_on(k_in.sizes(), dtype, device),
          dv = empty_on(v_in.sizes(), dtype, device);
-  fill_(dq, 0.0);
-  fill_(dk, 0.0);
-  fill_(dv, 0.0);
-  if (P.bh == 0 || P.tq == 0 || P.tk == 0) return {dq, dk, dv};
+  // Every element of dq, dk and dv is written by a beta-0 gemm below (a width of 0 leaves nothing
+  // to write), so only the cases without queries or keys fill them: nothing reaches q, k or v.
+  if (P.bh == 0 || P.tq == 0 || P.tk == 0) {
+    fill_(dq, 0.0), fill_(dk, 0.0), fill_(dv, 0.0);
+    return {dq, dk, dv};
+  }
   Tensor dout = contiguous(dout_in), out = contiguous(out_in), stats = contiguous(lse);
   Tensor scores = empty_on({P.bh, P.tq, P.tk}, dtype, device), dprobs = empty_on({P.bh, P.tq, P.tk}, dtype, device);
   dispatch_floating(dtype, op, [&](auto tag) {

@@ -87,12 +87,24 @@ constexpr int kMaxDims = 16;
 template <int K>
 struct StridedIndexer {
   int ndim = 0;
+  // Fewer than 2^31 elements: the divisions that split an index into coordinates run in 32 bits
+  // (a 64-bit division is a long software sequence on a GPU); the offsets stay 64-bit.
+  bool narrow = false;
   int64_t sizes[kMaxDims] = {};
   int64_t strides[K][kMaxDims] = {};
 
   // offsets[k] = operand k's element offset of the element with row-major index `linear`.
   __device__ __host__ void offsets(int64_t linear, int64_t (&off)[K]) const {
     for (int k = 0; k < K; ++k) off[k] = 0;
+    if (narrow) {
+      uint32_t rest = static_cast<uint32_t>(linear);
+      for (int d = ndim - 1; d >= 0; --d) {
+        const uint32_t size = static_cast<uint32_t>(sizes[d]), i = rest % size;
+        rest /= size;
+        for (int k = 0; k < K; ++k) off[k] += static_cast<int64_t>(i) * strides[k][d];
+      }
+      return;
+    }
     for (int d = ndim - 1; d >= 0; --d) {
       const int64_t i = linear % sizes[d];
       linear /= sizes[d];
@@ -106,6 +118,9 @@ struct StridedIndexer {
 template <int K>
 StridedIndexer<K> make_indexer(const Shape& shape, const std::array<Shape, K>& strides) {
   StridedIndexer<K> ix;
+  int64_t n = 1;
+  for (int64_t size : shape) n *= size;
+  ix.narrow = n < (int64_t(1) << 31);
   for (size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] == 1) continue;
     ix.sizes[ix.ndim] = shape[d];

@@ -2,10 +2,16 @@
 // a row-major C = A B is the column-major C^T = B^T A^T, so the operands are passed swapped
 // (gemm_batched). Strided operands go in as transposes and leading dimensions, as on the CPU
 // (the same gemm_layout rules); a batch whose matrices are not evenly spaced (a broadcast over
-// some batch dims but not others) is first copied to an evenly spaced one.
+// some batch dims but not others) is first copied to an evenly spaced one. Under autocast to
+// bfloat16 (ops/autocast.h), float32 operands are rounded to contiguous bfloat16 copies and
+// multiplied by cuBLAS with float32 accumulation and a float32 result, as PyTorch's CUDA autocast.
+#include <cuda_bf16.h>
+
+#include <memory>
 #include <tuple>
 #include <vector>
 
+#include "tapestry/ops/autocast.h"
 #include "tapestry/ops/cuda/blas.cuh"
 
 namespace tapestry::kernels::cuda {
@@ -42,6 +48,43 @@ template void gemm_batched<double>(const char*, bool, bool, int64_t, int64_t, in
                                    int64_t);
 
 namespace {
+
+// dst[i] = bfloat16(src at the i-th element of the view), rounded to nearest even (bf16_round).
+__global__ void to_bf16_kernel(const float* src, StridedIndexer<1> ix, __nv_bfloat16* dst, int64_t n) {
+  TP_GRID_STRIDE(i, n) {
+    int64_t off[1];
+    ix.offsets(i, off);
+    dst[i] = __float2bfloat16_rn(src[off[0]]);
+  }
+}
+
+// A view's elements as a contiguous bfloat16 buffer on its device (row-major over its shape).
+std::shared_ptr<Storage> bf16_copy(const Tensor& view) {
+  const int64_t n = view.numel();
+  auto out = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(n, 1)) * 2, view.device());
+  const StridedIndexer<1> ix = make_indexer<1>(view.sizes(), {view.strides()});
+  to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(view.data_ptr<float>(), ix,
+                                                            static_cast<__nv_bfloat16*>(out->data), n);
+  TP_CUDA_LAUNCHED("matmul");
+  return out;
+}
+
+// C (float32) = A B over `batch` matrices from bfloat16 operands, float32 accumulation; A, B and
+// C row-major and contiguous (a stride of 0 repeats one matrix).
+void gemm_bf16_batched(int64_t M, int64_t N, int64_t K, const void* A, int64_t stride_a, const void* B,
+                       int64_t stride_b, float* C, int64_t batch) {
+  TP_CHECK(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && batch <= INT32_MAX,
+           "matmul: a matrix dimension or batch count above 2^31 is beyond cuBLAS");
+  const float one = 1.0f, zero = 0.0f;
+  runtime::count_launch();
+  TP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas(), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N),
+                                             static_cast<int>(M), static_cast<int>(K), &one, B, CUDA_R_16BF,
+                                             static_cast<int>(std::max<int64_t>(N, 1)), stride_b, A, CUDA_R_16BF,
+                                             static_cast<int>(std::max<int64_t>(K, 1)), stride_a, &zero, C,
+                                             CUDA_R_32F, static_cast<int>(std::max<int64_t>(N, 1)), M * N,
+                                             static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                  "matmul");
+}
 
 // t's matrices over the broadcast batch shape: the view [batch..., rows, cols] (stride 0 on
 // broadcast dims), and the single element distance between consecutive matrices when there is
@@ -109,6 +152,18 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   std::tie(a, step_a, la) = prepare(a_in, M, K);
   std::tie(b, step_b, lb) = prepare(b_in, K, N);
   const int64_t n_batch = shape_numel(batch);
+  if (a.dtype() == DType::Float32 && autocast_precision() == Precision::BFloat16) {
+    // One matrix when the batch repeats it (step 0), else every matrix, contiguous.
+    auto rounded = [&](const Tensor& view, int64_t step) {
+      Tensor m = view;
+      while (step == 0 && m.dim() > 2) m = m.select(0, 0);
+      return bf16_copy(m);
+    };
+    const std::shared_ptr<Storage> a16 = rounded(a, step_a), b16 = rounded(b, step_b);
+    gemm_bf16_batched(M, N, K, a16->data, step_a == 0 ? 0 : M * K, b16->data, step_b == 0 ? 0 : K * N,
+                      out.data_ptr<float>(), n_batch);
+    return out;
+  }
   dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
     using T = typename decltype(tag)::type;
     gemm_batched<T>("matmul", la.trans, lb.trans, M, N, K, 1.0, a.template data_ptr<T>(), la.ld, step_a,

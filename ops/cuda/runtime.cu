@@ -54,7 +54,9 @@ struct DeviceState {
 };
 
 std::mutex states_mutex;
-DeviceState* states[kMaxDevices] = {};
+// Published once, after the state is made: every kernel entry reads its device's state (stream(),
+// cublas()), and a mutex there cost a lock per launch; the lock is taken only to create one.
+std::atomic<DeviceState*> states[kMaxDevices] = {};
 thread_local int current_device = -1;
 
 size_t round_size(size_t nbytes) {
@@ -65,8 +67,9 @@ size_t round_size(size_t nbytes) {
 
 DeviceState& state_of(int index) {
   TP_CHECK(index >= 0 && index < kMaxDevices, "cuda: device index {} is out of range", index);
+  if (DeviceState* ready = states[index].load(std::memory_order_acquire)) return *ready;
   std::lock_guard<std::mutex> lock(states_mutex);
-  if (!states[index]) {
+  if (!states[index].load(std::memory_order_relaxed)) {
     int count = 0;
     TP_CUDA_CHECK(cudaGetDeviceCount(&count), "cuda");
     TP_CHECK(index < count, "cuda: device cuda:{} does not exist; this machine has {} GPU(s)", index, count);
@@ -80,10 +83,10 @@ DeviceState& state_of(int index) {
     // On the stream: a plain cudaMemset runs on the legacy stream, unordered with ours.
     TP_CUDA_CHECK(cudaMemsetAsync(s->error, 0, sizeof(DeviceError), s->stream), "cuda");
     TP_CUDA_CHECK(cudaStreamSynchronize(s->stream), "cuda");
-    states[index] = s;
+    states[index].store(s, std::memory_order_release);
     current_device = index;
   }
-  return *states[index];
+  return *states[index].load(std::memory_order_relaxed);
 }
 
 DeviceState& current_state() { return state_of(current_device < 0 ? 0 : current_device); }
@@ -205,6 +208,27 @@ bool tf32_allowed = false;
 void set_allow_tf32(bool on) { tf32_allowed = on; }
 bool allow_tf32() { return tf32_allowed; }
 
+bool bf16_supported(Device device, std::string* why) {
+  auto no = [&](const std::string& reason) {
+    if (why) *why = reason;
+    return false;
+  };
+  if (!device.is_cuda()) return no(device_name(device) + " is not a CUDA device");
+  const int count = device_count();
+  if (device.index >= count) return no(device_name(device) + ": " + (count ? "no such GPU" : unavailable_reason()));
+  // Cached per device: autocast asks at every matmul.
+  static std::atomic<int> major[kernels::cuda::kMaxDevices] = {};
+  int m = major[device.index].load(std::memory_order_relaxed);
+  if (m == 0) {
+    TP_CUDA_CHECK(cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device.index), "bf16_supported");
+    major[device.index].store(m, std::memory_order_relaxed);
+  }
+  // cuBLAS's bfloat16 gemms with float32 accumulation need compute capability 8.0 (Ampere) or later.
+  if (m < 8) return no(fmt::format("{} has compute capability {}.x; bfloat16 gemms need 8.0 or later",
+                                   device_name(device), m));
+  return true;
+}
+
 namespace {
 std::atomic<AttentionKernel> attention_choice{AttentionKernel::Auto};
 }  // namespace
@@ -271,7 +295,7 @@ void* allocate(size_t nbytes, Device device) {
 
 void release(void* ptr, size_t, Device device) noexcept {
   if (!ptr || !device.is_cuda() || device.index < 0 || device.index >= kernels::cuda::kMaxDevices) return;
-  DeviceState* s = kernels::cuda::states[device.index];
+  DeviceState* s = kernels::cuda::states[device.index].load(std::memory_order_acquire);
   if (!s) return;
   std::lock_guard<std::mutex> lock(s->mutex);
   auto it = s->block_size.find(ptr);

@@ -10,11 +10,12 @@ sizes, dropout 0.1, F.cross_entropy with label_smoothing=0.1, torch.optim.Adam, 
 tokens. Greedy decoding is the Annotated Transformer's loop, which re-decodes the whole prefix
 for every new token (PyTorch's nn modules have no KV cache). Run with OMP_WAIT_POLICY=PASSIVE
 or ACTIVE set in the environment: tools/bench-compare.sh picks the faster one and says which.
---device cuda runs the same workload on a GPU (PyTorch eager, float32, TF32 off), waiting for the
-device at the end of every timed call, as `tapestry bench --device cuda` does.
---precision bf16 runs each train step's forward and loss under
-torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's own mixed precision, beside
-`tapestry bench --precision bf16`.
+--device cuda runs the same workload on a GPU (PyTorch eager, float32, TF32 off unless --tf32),
+waiting for the device at the end of every timed call, as `tapestry bench --device cuda` does, and
+counts one more step's kernel launches (torch.profiler) and synchronisations (CUDA sync debug mode).
+--precision bf16 runs each train step's forward and loss under torch.autocast(DEVICE,
+dtype=torch.bfloat16), PyTorch's own mixed precision, beside `tapestry bench --precision bf16`.
+--tf32 sets torch.backends.cuda.matmul.allow_tf32, beside `tapestry bench --tf32`.
 """
 import argparse
 import json
@@ -91,10 +92,81 @@ def dev_type(name):
 
 
 def autocast(a):
-    """The train step's forward context: PyTorch's CPU autocast to bfloat16, or nothing."""
+    """The train step's forward context: PyTorch's autocast to bfloat16 on the bench's device, or nothing."""
     if a.precision == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+        return torch.autocast(dev_type(a.device), dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def gemm_name(a):
+    """What runs the float32 matmuls, as tapestry bench's "gemm" field names it."""
+    if dev_type(a.device) == "cuda":
+        return "cublas-bf16" if a.precision == "bf16" else ("cublas-tf32" if a.tf32 else "cublas-fp32")
+    return "torch-cpu" + ("+bf16" if a.precision == "bf16" else "")
+
+
+def count_step(step, dev):
+    """One more call of step() on a GPU: its kernel launches (torch.profiler's CUDA kernels, copies
+    and fills) and the synchronisations CUDA's sync debug mode reports."""
+    import warnings
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize(dev)
+    launches = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    torch.cuda.set_sync_debug_mode("warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step()
+    torch.cuda.set_sync_debug_mode("default")
+    syncs = sum(1 for w in caught if "synchroniz" in str(w.message))
+    return syncs, launches
+
+
+def composite_sdpa(q, k, v, is_causal):
+    """softmax(q k^T / sqrt(d), causal) v in plain ops, where torch has no fused attention (1.13)."""
+    t = q.shape[-2]
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def attention_bench(a, dev, wait):
+    """torch's F.scaled_dot_product_attention as `tapestry bench --workload attention` times it:
+    causal, head size 64, 8 heads, lengths 256, 1024, 4096 (batch 8, 4, 1), forward and
+    forward + backward; one line per length."""
+    for t, b in ((256, 8), (1024, 4), (4096, 1)):
+        g = torch.Generator().manual_seed(7)
+        q, k, v, dout = (torch.randn(b, 8, t, 64, generator=g).to(dev) for _ in range(4))
+        for x in (q, k, v):
+            x.requires_grad_()
+        runs = max(3, a.steps // 2)
+        sdpa = getattr(F, "scaled_dot_product_attention", None) or composite_sdpa  # torch 2 / Debian's 1.13
+
+        def timed(f):
+            ms = []
+            for i in range(runs + 1):
+                t0 = time.perf_counter()
+                f()
+                wait()
+                if i >= 1:
+                    ms.append((time.perf_counter() - t0) * 1000)
+            return statistics.median(ms)
+
+        def forward():
+            with torch.no_grad():
+                sdpa(q, k, v, is_causal=True)
+
+        def both():
+            (sdpa(q, k, v, is_causal=True) * dout).sum().backward()
+
+        fwd, fb = timed(forward), timed(both)
+        r = {"impl": "torch", "workload": "attention", "device": a.device, "attention": "sdpa" if sdpa is not composite_sdpa else "composite", "batch": b,
+             "heads": 8, "seq": t, "head_dim": 64, "forward_ms": fwd, "forward_backward_ms": fb,
+             "forward_tflops": 4.0 * b * 8 * t * t * 64 / 2 / (fwd * 1e9)}
+        print(json.dumps(r) if a.json else f"attention (torch sdpa) batch {b}, 8 heads, {t} x 64, causal: "
+              f"forward {fwd:.3f} ms, forward + backward {fb:.3f} ms")
 
 
 def layouts(a):
@@ -120,25 +192,24 @@ def layouts(a):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", default="small", choices=list(WORKLOADS) + ["vit"])
+    ap.add_argument("--workload", default="small", choices=list(WORKLOADS) + ["vit", "attention"])
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
-                    help="bf16: the train step's forward under torch.autocast (CPU)")
+                    help="bf16: the train step's forward under torch.autocast on the device")
+    ap.add_argument("--tf32", action="store_true", help="float32 matmuls on a GPU through TF32 (allow_tf32)")
     ap.add_argument("--layouts", action="store_true",
                     help="time x @ W.t() on the shapes of tapestry bench --layouts instead")
     a = ap.parse_args()
-    if a.precision == "bf16" and dev_type(a.device) != "cpu":
-        sys.exit("bench_torch: --precision bf16 is the CPU autocast comparison")
     dev = torch.device(a.device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             sys.exit(f"bench_torch: --device {a.device}: this PyTorch has no usable CUDA device")
-        torch.backends.cuda.matmul.allow_tf32 = False  # float32 as tapestry's default
-        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = a.tf32  # off: float32 as tapestry's default
+        torch.backends.cudnn.allow_tf32 = a.tf32
 
     def wait():
         if dev.type == "cuda":
@@ -148,6 +219,9 @@ def main():
     torch.manual_seed(1234)
     if a.layouts:
         layouts(a)
+        return
+    if a.workload == "attention":
+        attention_bench(a, dev, wait)
         return
     if a.workload == "vit":
         r = vit_bench(a, dev, wait)
@@ -165,9 +239,8 @@ def main():
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
 
     model.train()
-    train_ms = []
-    for i in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
+
+    def train_step():
         with autocast(a):
             logits = model(src, tgt_in)
             loss = F.cross_entropy(logits.reshape(-1, v), tgt_out.reshape(-1), label_smoothing=0.1, ignore_index=0)
@@ -175,9 +248,15 @@ def main():
         opt.step()
         opt.zero_grad()
         loss.item()  # tapestry's Trainer reads the loss every step
+
+    train_ms = []
+    for i in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        train_step()
         wait()
         if i >= a.warmup:
             train_ms.append((time.perf_counter() - t0) * 1000)
+    counts = count_step(train_step, dev) if dev.type == "cuda" else None
     fwd_ms = []
     with torch.no_grad():
         for _ in range(max(3, a.steps // 2)):
@@ -207,7 +286,8 @@ def main():
 
     step = statistics.median(train_ms)
     r = {
-        "impl": "torch", "precision": a.precision, "device": a.device, "workload": a.workload, "threads": a.threads,
+        "impl": "torch", "precision": a.precision, "gemm": gemm_name(a), "device": a.device, "workload": a.workload,
+        "threads": a.threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "detected"),
         "train_ms_median": step, "train_ms_min": min(train_ms), "train_ms_max": max(train_ms),
@@ -221,6 +301,7 @@ def main():
     }
     if dev.type == "cuda":
         r["peak_gpu_mib"] = torch.cuda.max_memory_allocated(dev) / 2**20
+        r["syncs_per_step"], r["launches_per_step"] = counts
     if a.json:
         print(json.dumps(r))
     else:

@@ -147,8 +147,37 @@ check() {
   files=$(find "$out" -type f | wc -l)
   [ "$files" -le 8 ] || { echo "gpu-kit check: FAIL: the window wrote $files files (at most 8 come back)"; ok=0; }
   rm -rf "$out"
+  fallback_check || ok=0
   [ "$ok" = 1 ] || exit 1
   echo "gpu-kit check: passed"
+}
+
+# The fallback's build on this machine with Debian's copies of its packages hidden (each file they
+# installed covered by /dev/null, so a header or library found there instead of the prefix breaks
+# the build): the configure, and one object for each dependency's headers.
+fallback_check() {
+  local files=() pkg
+  for deb in "$kit"/debs/*.deb; do
+    pkg="$(dpkg-deb -f "$deb" Package)"
+    while read -r f; do [ -f "$f" ] && [ ! -L "$f" ] && files+=("$f"); done < <(dpkg -L "$pkg" 2>/dev/null || true)
+  done
+  local build
+  build="$(mktemp -d)"
+  local objects=(CMakeFiles/tapestry.dir/ops/cpu/gemm.cpp.o          # cblas.h, fmt
+                 CMakeFiles/tapestry.dir/nn/safetensors.cpp.o        # nlohmann-json, zlib
+                 CMakeFiles/tapestry_apps.dir/apps/data/subword.cpp.o  # SentencePiece
+                 CMakeFiles/tapestry_cli.dir/tools/main.cpp.o        # CLI11
+                 CMakeFiles/tapestry_tests.dir/tests/main.cpp.o)     # doctest
+  if unshare -m --propagation private bash -c '
+      for f in "${@:4}"; do mount --bind /dev/null "$f"; done
+      tools/gpu-fallback.sh "$1" "$2/prefix" "$2/build" $3' _ "$kit" "$build" "${objects[*]}" "${files[@]}"       >"$build/log" 2>&1; then
+    echo "gpu-kit check: ok: the fallback configures and compiles against the kit's .deb files alone (${#files[@]} system files hidden)"
+    rm -rf "$build"
+  else
+    tail -20 "$build/log"
+    echo "gpu-kit check: FAIL: the fallback build from the kit's .deb files (log: $build/log)"
+    return 1
+  fi
 }
 
 case "${1:-}" in

@@ -89,29 +89,14 @@ probe_binaries() {  # ldd and a start of each binary; prints what is wrong, retu
   return $bad
 }
 
-# The fallback: build the two binaries here from the kit's .deb files, unpacked into a prefix.
-fallback_build() {
-  local prefix=/tmp/tapestry-deps build=/tmp/tapestry-build
-  rm -rf "$prefix" && mkdir -p "$prefix"
-  for d in "$kit"/debs/*.deb; do dpkg -x "$d" "$prefix" || return 1; done
-  local lib="$prefix/usr/lib/x86_64-linux-gnu"
-  export PKG_CONFIG_PATH="$lib/pkgconfig:$prefix/usr/share/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$prefix"
-  export LD_LIBRARY_PATH="$lib:$lib/openblas-openmp:$LD_LIBRARY_PATH"
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTAPESTRY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DCMAKE_CUDA_FLAGS=-lineinfo -DTAPESTRY_MPI=OFF -DTAPESTRY_ONEDNN=OFF -DTAPESTRY_INSTALL=OFF \
-    -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_INCLUDE_PATH="$prefix/usr/include/x86_64-linux-gnu" \
-    -DCMAKE_LIBRARY_PATH="$lib/openblas-openmp;$lib" -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$lib" &&
-    cmake --build "$build" -j "$(nproc)" --target tapestry_cli device_check &&
-    cp "$build/tapestry" "$build/device_check" /tmp/tapestry-kit/bin/
-}
-
 probe_note="every library resolves, both binaries start"
 if ! probe_binaries >>"$out/probe.txt" 2>&1; then
   probe_note="carried binaries do not start"
   if ls "$kit"/debs/*.deb >/dev/null 2>&1 && [ "$(left)" -gt 200 ]; then
     echo "== fallback: building from $kit/debs" >>"$out/probe.txt"
     deps=/tmp/tapestry-deps/usr/lib/x86_64-linux-gnu
-    if timeout "$(cap 180 120)" bash -c "$(declare -f fallback_build); kit='$kit'; fallback_build" >>"$out/probe.txt" 2>&1 &&
+    if timeout "$(cap 180 120)" tools/gpu-fallback.sh "$kit" /tmp/tapestry-deps /tmp/tapestry-build >>"$out/probe.txt" 2>&1 &&
+       cp /tmp/tapestry-build/tapestry /tmp/tapestry-build/device_check "$bin/" &&
        export LD_LIBRARY_PATH="$deps:$deps/openblas-openmp:$LD_LIBRARY_PATH" && probe_binaries >>"$out/probe.txt" 2>&1; then
       probe_note="built there from the kit's .deb files (the carried binaries did not start)"
     fi

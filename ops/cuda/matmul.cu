@@ -155,9 +155,10 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   if (a.dtype() == DType::Float32 && autocast_precision() == Precision::BFloat16) {
     // One matrix when the batch repeats it (step 0), else every matrix, contiguous.
     auto rounded = [&](const Tensor& view, int64_t step) {
-      Tensor m = view;
-      while (step == 0 && m.dim() > 2) m = m.select(0, 0);
-      return bf16_copy(m);
+      if (step != 0 || view.dim() == 2) return bf16_copy(view);
+      // Step 0: every batch index reads the same matrix, the one at the view's offset.
+      return bf16_copy(make_tensor(view.impl().storage, {view.size(-2), view.size(-1)},
+                                   {view.stride(-2), view.stride(-1)}, view.offset(), view.dtype()));
     };
     const std::shared_ptr<Storage> a16 = rounded(a, step_a), b16 = rounded(b, step_b);
     gemm_bf16_batched(M, N, K, a16->data, step_a == 0 ? 0 : M * K, b16->data, step_b == 0 ? 0 : K * N,

@@ -33,6 +33,7 @@
 #include <memory>
 
 #include "apps/train/trainer.h"
+#include "tapestry/ops/autocast.h"
 #include "tapestry/ops/cuda.h"
 #include "tapestry/ops/detail/kernels.h"
 #include "tapestry/ops/runtime.h"
@@ -785,6 +786,72 @@ void check_topk(Device device) {
   std::printf("device_check: %zu topk cases on %s equal the CPU's, index for index\n", n, device_name(device).c_str());
 }
 
+// Autocast to bfloat16 on the device (a GPU: cuBLAS's bf16 gemm with float32 accumulation):
+// matmul (batched, broadcast, transposed) and linear, forward and backward, against the float64
+// product of the operands rounded to bfloat16 (bf16_round), which is what a float32 accumulation
+// of exact bf16 products approaches; where the device cannot, the refusal names it.
+void check_bf16(Device device) {
+  std::string why;
+  if (!bf16_supported(device, &why)) {
+    const std::string refused = error_of([&] { AutocastGuard guard(Precision::BFloat16, device); });
+    expect(refused.find("autocast to bfloat16") != std::string::npos, "bf16 on " + device_name(device) +
+                                                                          " is refused with the reason: " + refused);
+    check.note("bf16 autocast not run on " + device_name(device) + ": " + why);
+    return;
+  }
+  // Not exact even on the emulated device: float32 accumulation against a float64 reference.
+  auto near = [](const Tensor& got, const Tensor& want, const std::string& what) {
+    const std::string diff = largest_difference(got.to(Device::CPU).to(kFloat64), want, 1e-5, 1e-4);
+    expect(diff.empty(), what + ": " + diff);
+  };
+  auto rounded = [](const Tensor& t) {  // float64 values of t's elements rounded to bfloat16
+    std::vector<float> v = t.detach().to(Device::CPU).contiguous().to_vector<float>();
+    std::vector<double> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = bf16_to_float(bf16_round(v[i]));
+    return tensor(r, t.sizes());
+  };
+  Generator g(17);
+  struct Case {
+    Shape a, b;
+    bool transpose_b;
+  };
+  const std::vector<Case> cases = {{{33, 70}, {70, 45}, false}, {{3, 17, 64}, {3, 64, 9}, false},
+                                   {{2, 3, 5, 40}, {40, 7}, false}, {{6, 31}, {12, 31}, true}};
+  size_t n = 0;
+  for (const Case& c : cases) {
+    const std::string where = fmt::format("bf16 matmul {} x {}{} on {}", c.a, c.b, c.transpose_b ? "^T" : "",
+                                          device_name(device));
+    Tensor a = randn(c.a, kFloat32, &g), b = randn(c.b, kFloat32, &g);
+    Tensor ad = a.to(device).requires_grad_(), bd = b.to(device).requires_grad_();
+    Tensor out;
+    {
+      AutocastGuard guard(Precision::BFloat16, device);
+      out = matmul(ad, c.transpose_b ? bd.t() : bd);
+    }
+    const Tensor want = matmul(rounded(a), c.transpose_b ? rounded(b).t() : rounded(b));
+    expect(out.device() == device && out.dtype() == kFloat32, where + ": the output is not float32 on the device");
+    near(out, want, where + ": differs from the product of the rounded operands");
+    sum(out).backward();  // the backward at the forward's precision: d a = 1 b^T in bf16
+    const Tensor ones_out = ones(out.sizes(), kFloat64);
+    Tensor want_da = matmul(rounded(ones_out.to(kFloat32)), (c.transpose_b ? rounded(b).t() : rounded(b)).transpose(-1, -2));
+    near(ad.grad(), want_da, where + ": the gradient of a differs");
+    ++n;
+  }
+  {  // linear, as the models call it: x W^T + b with W [out, in]
+    Tensor x = randn({4, 9, 48}, kFloat32, &g), w = randn({20, 48}, kFloat32, &g), bias = randn({20}, kFloat32, &g);
+    Tensor out;
+    {
+      AutocastGuard guard(Precision::BFloat16, device);
+      out = linear(x.to(device), w.to(device), bias.to(device));
+    }
+    const Tensor want = add(matmul(rounded(x), rounded(w).t()), bias.to(kFloat64));
+    near(out, want, "bf16 linear on " + device_name(device) + " differs");
+    ++n;
+  }
+  std::printf("device_check: %zu bf16 autocast cases on %s match the float64 product of the rounded operands\n", n,
+              device_name(device).c_str());
+}
+
 // The sections (`device_check cuda SECTION...`; all by default): each runs alone, so that a
 // sanitizer or a short GPU window can take the ones that fit. `ops:PREFIX` runs the op table's
 // ops whose names start with PREFIX.
@@ -813,6 +880,7 @@ const std::vector<Section>& sections() {
        check_decoding_and_checkpoints},
       {"topk", "topk against the CPU, index for index", false, check_topk},
       {"budget", "the base and lm train steps' syncs and launches", false, check_step_budget},
+      {"bf16", "autocast to bfloat16: matmul and linear, forward and backward, or its refusal", false, check_bf16},
       {"attention", "both attention kernels against the CPU, a step through the tiled one, its memory", true,
        [](Device d) {
          check_attention(d, cuda::AttentionKernel::Gemm);

@@ -2,7 +2,8 @@
 # The image task end to end from the command line (tapestry train --task image):
 #   tests/image_cli.sh TAPESTRY_BINARY
 # 1. bad IDX folders: a wrong magic number, a truncated file, images and labels of different
-#    counts: each gives one line naming the file, exit status 1, and no run folder;
+#    counts, labels outside the class count, a missing or mismatched test split, a crop padding
+#    as large as the image: each gives one line naming the problem, exit status 1, no run folder;
 # 2. a small-data run on Fashion-MNIST (tiny config, 5000 images, 3 epochs): its train loss
 #    falls, it reports a test accuracy well above chance and writes the confusion matrix.
 set -euo pipefail
@@ -27,9 +28,13 @@ make_dir() {  # make_dir NAME IMAGES LABELS: an MNIST-layout folder with N image
   idx "$2" 4 4 > "$tmp/$1/train-images-idx3-ubyte"
   idx "$3" > "$tmp/$1/train-labels-idx1-ubyte"
 }
-expect_error() {  # expect_error NAME PATTERN
+make_test() {  # make_test NAME IMAGES SIZE: the test split (t10k files) of SIZE x SIZE images
+  idx "$2" "$3" "$3" > "$tmp/$1/t10k-images-idx3-ubyte"
+  idx "$2" > "$tmp/$1/t10k-labels-idx1-ubyte"
+}
+expect_error() {  # expect_error NAME PATTERN [FLAGS...]
   set +e
-  "$bin" train --task image --data "$tmp/$1" --out "$tmp/run_$1" --no-progress > "$tmp/out" 2> "$tmp/err"
+  "$bin" train --task image --data "$tmp/$1" --out "$tmp/run_$1" --no-progress "${@:3}" > "$tmp/out" 2> "$tmp/err"
   local rc=$?
   set -e
   [ "$rc" -eq 1 ] || fail "$1: exit status $rc, expected 1 ($(cat "$tmp/err"))"
@@ -48,6 +53,18 @@ expect_error truncated "truncated/train-images-idx3-ubyte: truncated: shape \[10
 make_dir counts 10 9
 expect_error counts "holds 10 images but .*counts/train-labels-idx1-ubyte holds 9 labels"
 expect_error missing "no train-images-idx3-ubyte.gz or train-images-idx3-ubyte"
+# Issue 44: what was found only after the last epoch, or never, is refused before the first step.
+make_dir labels 300 300  # labels 0..255 (i mod 256): a 256-class model, silently
+make_test labels 10 4
+expect_error labels "training labels in .* run from 0 to 255, outside the 10 classes; give --classes" --val-size 2
+make_dir no_test 10 10
+expect_error no_test "no t10k-images-idx3-ubyte.gz or t10k-images-idx3-ubyte" --val-size 2
+make_dir test_size 10 10
+make_test test_size 10 5
+expect_error test_size "holds 5x5 test images but 4x4 training images" --val-size 2
+make_dir crop 10 10
+make_test crop 10 4
+expect_error crop "crop-padding 1000 is not below the image size 4" --val-size 2 --crop-padding 1000
 
 data="${TAPESTRY_IMAGE_DATA:-/usr/share/datasets/fashion-mnist}"
 [ -e "$data/train-images-idx3-ubyte.gz" ] || [ -e "$data/train-images-idx3-ubyte" ] ||

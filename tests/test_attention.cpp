@@ -400,6 +400,32 @@ TEST_CASE("scaled_dot_product_attention: gradcheck with causality, a mask and dr
       {qt, k4, v4}));
 }
 
+TEST_CASE("scaled_dot_product_attention: a computed score equal to -1e9 keeps its gradient (the mask decides, not the value)") {
+  // Issue 44: the backward took every score equal to the masked value for a masked one. PyTorch's
+  // answer in float64: q.grad 0.19661, k.grad [-0.19661, 0.19661] (p = [1, e] / (1 + e)).
+  const double e = std::exp(1.0), p0 = 1 / (1 + e), p1 = e / (1 + e), out = p0 + 2 * p1;
+  const double ds0 = p0 * (1 - out), ds1 = p1 * (2 - out);
+  Tensor q = tensor({1.0}, {1, 1}).requires_grad_(), k = tensor({-1e9, -1e9 + 1}, {2, 1}).requires_grad_();
+  Tensor v = tensor({1.0, 2.0}, {2, 1}).requires_grad_();
+  scaled_dot_product_attention(q, k, v, Tensor(), false, 0.0, 1.0).sum().backward();
+  check_values(q.grad(), {ds0 * -1e9 + ds1 * (-1e9 + 1)}, 1e-5);  // 0.19661, from terms of 2e8
+  check_values(k.grad(), {ds0, ds1}, 1e-9);
+  check_values(v.grad(), {p0, p1}, 1e-12);
+  // float32: -1e9 + 1 rounds to -1e9, so both scores are -1e9 and the weights are even; both keys
+  // still get their gradient, as in PyTorch.
+  Tensor q32 = tensor({1.0f}, {1, 1}).requires_grad_(), k32 = tensor({-1e9f, -1e9f}, {2, 1}).requires_grad_();
+  Tensor v32 = tensor({1.0f, 2.0f}, {2, 1});
+  scaled_dot_product_attention(q32, k32, v32, Tensor(), false, 0.0, 1.0).sum().backward();
+  check_values(k32.grad(), {-0.25, 0.25}, 1e-6);
+  check_values(q32.grad(), {0.0}, 1e-3);
+  // A score masked by the mask still gets none, whatever its value.
+  Tensor qm = tensor({1.0}, {1, 1}).requires_grad_(), km = tensor({0.5, -1.0}, {2, 1}).requires_grad_();
+  scaled_dot_product_attention(qm, km, v.detach(), tensor({1, 0}, {1, 2}).gt(0.0), false, 0.0, 1.0)
+      .sum()
+      .backward();
+  check_values(km.grad(), {0.0, 0.0}, 1e-12);  // one visible key: its weight is 1, whatever its score
+}
+
 TEST_CASE("scaled_dot_product_attention: errors, and empty sizes") {
   Tensor q = randn({2, 5, 4}), k = randn({2, 6, 4}), v = randn({2, 6, 3});
   CHECK(scaled_dot_product_attention(q, k, v).sizes() == Shape{2, 5, 3});

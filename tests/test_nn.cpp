@@ -480,6 +480,20 @@ TEST_CASE("PositionalEncoding adds the sinusoids and extends to any length") {
   check_values(long_y.select(0, 0).select(0, 19).slice(0, 0, 1), {std::sin(24.0)}, 1e-5);
 }
 
+TEST_CASE("cross_entropy: label smoothing beside a -1e9 logit is summed in double, in float32 too") {
+  // Issue 44: the smoothing term's sum of (x - max) ran in float32, where the -1e9 of the ignored
+  // class swallowed the other logits (float32's spacing at 1e9 is 64): 1.1691 instead of 0.6788.
+  // The ignored class takes no smoothing mass (the Annotated Transformer's distribution), so the
+  // loss is -(0.7 log p1 + 0.3 log p2) over the two real classes.
+  const double x1 = -1.7094284, x2 = -1.7846442, lse = std::log(std::exp(x1) + std::exp(x2));
+  const double want = -(0.7 * (x1 - lse) + 0.3 * (x2 - lse));  // 0.67881
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    INFO(dtype_name(dt));
+    Tensor x = tensor({-1e9, x1, x2}, {1, 3}).to(dt);
+    check_values(cross_entropy(x, tensor({1}), 0.3, 0, Reduction::Sum), {want}, 1e-6);
+  }
+}
+
 TEST_CASE("cross_entropy: values by hand, label smoothing, ignore index, gradcheck") {
   // logits row [0, ln 2, ln 3] -> softmax [1/6, 2/6, 3/6]
   Tensor logits = tensor({0.0, std::log(2.0), std::log(3.0), 0.0, 0.0, 0.0}, {2, 3});

@@ -253,6 +253,13 @@ TEST_CASE("regression: safetensors loader rejects damaged and crafted files") {
   CHECK(load_error(path).find("cover 4 of the 8 data bytes") != std::string::npos);
   // A directory where the file should be gave an uncaught std::ios_failure.
   CHECK(load_error("/tmp").find("is not a regular file") != std::string::npos);
+  // Fractional shapes and offsets were truncated ([200.9, 64.2] loaded as [200, 64]; issue 44).
+  write_all(path, raw_safetensors(R"({"x":{"dtype":"F32","shape":[1.9],"data_offsets":[0,4]}})", 4));
+  CHECK(load_error(path).find("shape [1.9]: not whole numbers") != std::string::npos);
+  write_all(path, raw_safetensors(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4.5]}})", 4));
+  CHECK(load_error(path).find("not whole numbers") != std::string::npos);
+  write_all(path, raw_safetensors(R"({"x":{"dtype":"F32","shape":7,"data_offsets":[0,4]}})", 4));
+  CHECK(load_error(path).find("not a list") != std::string::npos);
   std::remove(path.c_str());
 }
 

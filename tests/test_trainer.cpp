@@ -250,6 +250,69 @@ TEST_CASE("TrainerOptions are checked") {
   CHECK(error_of([&] { t.fit(data); }).find("need a run folder") != std::string::npos);
 }
 
+TEST_CASE("Trainer: resume refuses damaged metadata - a batch past the epoch, a NaN loss sum") {
+  // Issue 44: a huge next_batch skipped an epoch silently (train loss 0.000, 0 tok/s), and a NaN
+  // loss sum resumed.
+  const std::string dir = fresh_temp_dir("damaged_meta");
+  auto run = [&](int64_t stop_after, bool resume) {
+    manual_seed(3);
+    nn::Linear model(1, 1);
+    ToyData data(model);
+    optim::Adam adam(model.parameters(), optim::AdamOptions{});
+    apps::TrainerOptions o;
+    o.epochs = 3, o.progress = false, o.out_dir = dir, o.stop_after = stop_after, o.resume = resume;
+    o.average = 0, o.recipe = {{"rows", "40"}};
+    std::filesystem::create_directories(dir);
+    apps::Trainer trainer(model, adam, nullptr, o);
+    return error_of([&] { trainer.fit(data); });
+  };
+  CHECK(run(9, false).empty());  // stops mid-epoch 2, at batch 3 of 6
+  const std::string ckpt = dir + "/checkpoint.safetensors";
+  const auto saved = nn::load_safetensors(ckpt);
+  auto damage = [&](const std::string& key, const std::string& value) {
+    auto file = saved;
+    file.metadata[key] = value;
+    file.metadata.erase(nn::kChecksumKey);
+    nn::save_safetensors(ckpt, file.tensors, file.metadata);
+  };
+  damage("next_batch", "1000000");
+  CHECK(run(0, true).find("next batch 1000000 is past the 6 batches of epoch 2") != std::string::npos);
+  damage("epoch_loss_sum", "nan");
+  CHECK(run(0, true).find("'epoch_loss_sum' is 'nan', not a finite number") != std::string::npos);
+  damage("next_batch", "3");  // as saved: resumes
+  CHECK(run(0, true).empty());
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Trainer: a run cut by its time limit averages the last epochs it reached") {
+  // Issue 47: planned for 5 epochs with average 3 and cut in epoch 3, the run must average epochs
+  // 1-3 (what it has), not look for 3-5 and find epoch 3 alone. The cut is made deterministic by
+  // a resume: the first session stops after epoch 2's checkpoint, the second runs out of time at
+  // its first step, which ends epoch 3 (evaluated and saved).
+  const std::string dir = fresh_temp_dir("cut_average");
+  auto run = [&](int64_t stop_after, double time_limit, bool resume) {
+    manual_seed(3);
+    nn::Linear model(1, 1);
+    ToyData data(model);
+    optim::Adam adam(model.parameters(), optim::AdamOptions{});
+    apps::TrainerOptions o;
+    o.epochs = 5, o.progress = false, o.out_dir = dir, o.stop_after = stop_after, o.resume = resume;
+    o.keep = 5, o.average = 3, o.time_limit = time_limit, o.recipe = {{"rows", "40"}};
+    std::filesystem::create_directories(dir);
+    apps::Trainer trainer(model, adam, nullptr, o);
+    return trainer.fit(data);
+  };
+  CHECK(run(13, 0, false).stopped);  // 6 steps per epoch: the first step of epoch 3
+  const apps::FitResult cut = run(0, 1e-9, true);
+  CHECK(cut.out_of_time);
+  REQUIRE_FALSE(cut.epochs.empty());
+  CHECK(cut.epochs.back().epoch == 3);
+  CHECK(cut.averaged == 3);
+  for (int e = 1; e <= 3; ++e) CHECK(std::filesystem::exists(dir + "/model.epoch" + std::to_string(e) + ".safetensors"));
+  CHECK(std::filesystem::exists(dir + "/model.avg.safetensors"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("Trainer: time_limit ends training after the step that reaches it") {
   manual_seed(22);
   nn::Linear model(1, 1);

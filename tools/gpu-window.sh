@@ -133,9 +133,9 @@ elif ! command -v compute-sanitizer >/dev/null; then
   row sanitizers FAIL 0 "compute-sanitizer not found"
 else
   {
-    echo "== memcheck: device_check cuda attention-gemm attention-tiled optimizers decoding"
+    echo "== memcheck: device_check cuda attention-gemm attention-tiled optimizers decoding bf16"
     timeout "$(cap 40 120)" compute-sanitizer --tool memcheck --leak-check no --print-limit 20 \
-      "$bin/device_check" cuda attention-gemm attention-tiled optimizers decoding 2>&1 | tail -40
+      "$bin/device_check" cuda attention-gemm attention-tiled optimizers decoding bf16 2>&1 | tail -40
     echo "memcheck exit ${PIPESTATUS[0]}"
     echo "== racecheck: device_check cuda attention-tiled"
     timeout "$(cap 30 100)" compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 20 \

@@ -15,6 +15,7 @@
 #include "apps/tasks/translation.h"
 #include "tapestry/tapestry.h"
 #include "tools/cli.h"
+#include "tools/config_file.h"
 
 namespace tapestry::tools {
 
@@ -29,6 +30,7 @@ struct TrainFlags {
   TrainFlags& operator=(const TrainFlags&) = delete;
   std::string config_file, task = "copy";
   bool quick = false, print_config = false;
+  const CLI::App* train = nullptr;  // the subcommand, for reading the config file's keys again
   apps::CopyTaskOptions copy;
   apps::TranslationOptions mt;
   apps::LMOptions lm;
@@ -57,11 +59,35 @@ int run_copy(const apps::CopyTaskOptions& o) {
   return 1;
 }
 
+// Every value of the config file goes through the task's table, also one a flag overrides (issue
+// 44: `epochs = "many"` passed beside --epochs 1): the command line's values are set after these.
+// A key given more than once (a TOML array, `lr = [1, 2]`) is refused: each option takes one value.
+void check_config_file(TrainFlags& f, apps::OptionTable& table) {
+  const std::vector<std::string> args = config_file_args(f.config_file, f.train);
+  std::map<std::string, int> seen;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i].substr(2), value;
+    const size_t eq = flag.find('=');
+    if (eq != std::string::npos) value = flag.substr(eq + 1), flag = flag.substr(0, eq);  // a switch's --flag=value
+    else if (i + 1 < args.size()) value = args[++i];
+    TP_CHECK(++seen[flag] == 1, "--config-file {}: '{}' has more than one value; it takes one", f.config_file, flag);
+    if (flag == "task" || flag == "quick" || flag == "print-config") continue;  // train's own, checked by CLI11
+    apps::OptionRow* row = table.find(flag);
+    TP_CHECK(row != nullptr, "--config-file {}: '{}' is not an option of --task {}", f.config_file, flag, f.task);
+    try {
+      row->set(value);
+    } catch (const Error& e) {
+      throw Error(fmt::format("--config-file {}: {}", f.config_file, e.what()));
+    }
+  }
+}
+
 int run_train(TrainFlags& f) {
   TP_CHECK(!f.quick || f.task == "multi30k", "train: --quick is a recipe of --task multi30k");
   // The quick recipe changes the defaults only: flags and a config file still win.
   if (f.quick) f.mt = apps::quick_translation_options();  // the table's rows still point at f.mt's fields
   apps::OptionTable& table = f.tables.at(f.task);
+  if (!f.config_file.empty()) check_config_file(f, table);
   for (const auto& [flag, option] : f.options) {
     if (option->count() == 0) continue;
     apps::OptionRow* row = table.find(flag);
@@ -110,6 +136,7 @@ std::string value_kind(const apps::OptionRow& row) {
 Subcommand add_train(CLI::App& app) {
   auto f = std::make_shared<TrainFlags>();
   auto* train = app.add_subcommand("train", "train a model");
+  f->train = train;
   // Repeated flags take the last value: a config file's options go first, so the command line wins.
   train->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   train->add_option("--config-file", f->config_file,

@@ -59,6 +59,8 @@ OptionTable options_table(ImageOptions& o) {
   t.take(trainer, "clip-norm");
   t.take(trainer, "seed").recipe();
   t.add("limit", o.limit, "train on the first N training images only (0: all)").at_least(0).recipe();
+  t.add("classes", o.classes, "the number of classes (0: the config's, 10); every label, train and test, must be "
+        "below it").at_least(0).recipe();
   t.take(trainer, "save-every");
   t.add_process_rows(o.threads, o.device);
   t.take_all(trainer, kRunControlFlags);
@@ -178,7 +180,24 @@ ImageResult train_image_classifier(const ImageOptions& options) {
   cfg.image_size = train_set.images.size(2);
   TP_CHECK(train_set.images.size(2) == train_set.images.size(3), "train: {} holds {}x{} images; the ViT takes square ones",
            dir, train_set.images.size(2), train_set.images.size(3));
-  cfg.classes = std::max<int64_t>(cfg.classes, train_set.labels.max().item<int64_t>() + 1);
+  // The class count is the config's or the user's, never read off the labels: a stray 255 among
+  // labels 0-3 made a 256-class model (issue 44). The test set is read and checked here too,
+  // before the first step, not after the last epoch.
+  if (o.classes > 0) cfg.classes = o.classes;
+  auto check_labels = [&](const data::ImageSet& set, const char* which) {
+    const int64_t lo = set.labels.numel() ? set.labels.min().item<int64_t>() : 0;
+    const int64_t hi = set.labels.numel() ? set.labels.max().item<int64_t>() : 0;
+    TP_CHECK(lo >= 0 && hi < cfg.classes, "train: the {} labels in {} run from {} to {}, outside the {} classes; give "
+             "--classes", which, dir, lo, hi, cfg.classes);
+  };
+  check_labels(train_set, "training");
+  const data::ImageSet test = data::read_mnist(dir, false);
+  check_labels(test, "test");
+  TP_CHECK(test.images.size(2) == train_set.images.size(2) && test.images.size(3) == train_set.images.size(3),
+           "train: {} holds {}x{} test images but {}x{} training images", dir, test.images.size(2),
+           test.images.size(3), train_set.images.size(2), train_set.images.size(3));
+  TP_CHECK(o.crop_padding < cfg.image_size, "train: --crop-padding {} is not below the image size {}: a crop could "
+           "hold no pixel of the image", o.crop_padding, cfg.image_size);
   cfg.dropout = o.dropout;
   if (o.patch > 0) cfg.patch_size = o.patch, cfg.patch_stride = 0;  // a new size: non-overlapping unless told
   if (o.patch_stride > 0) cfg.patch_stride = o.patch_stride;
@@ -243,7 +262,6 @@ ImageResult train_image_classifier(const ImageOptions& options) {
 
   // The test images, once, with the final model.
   model.eval();
-  const data::ImageSet test = data::read_mnist(dir, false);
   ImageScores t = score_images(model, norm.apply(test.images), test.labels, 500);
   r.test_accuracy = t.accuracy;
   r.confusion = std::move(t.confusion);

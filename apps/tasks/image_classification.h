@@ -39,6 +39,7 @@ struct ImageOptions {
   int64_t crop_padding = 1;      // random crop after zero-padding this much (0: no crop)
   bool flip = true;              // random horizontal flips
   int64_t limit = 0;             // train on the first N training images only (0: all)
+  int64_t classes = 0;           // the class count (0: the config's); every label must be below it
   int64_t threads = 0;
   std::string device = "cpu";
 };

@@ -2,6 +2,7 @@
 #include "apps/train/checkpoints.h"
 
 #include <set>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -39,10 +40,12 @@ template <class T> T meta_number(const std::map<std::string, std::string>& meta,
     T v;
     if constexpr (std::is_floating_point_v<T>) v = static_cast<T>(std::stod(it->second, &used));
     else v = static_cast<T>(std::stoll(it->second, &used));
-    if (used == it->second.size()) return v;
+    // A NaN or infinite loss sum is no state a run can go on from (issue 44: it resumed).
+    if (used == it->second.size() && std::isfinite(static_cast<double>(v))) return v;
   } catch (const std::exception&) {
   }
-  throw Error(fmt::format("resume: {}: '{}' is '{}', not a number: the checkpoint is damaged", path, key, it->second));
+  throw Error(fmt::format("resume: {}: '{}' is '{}', not a finite number: the checkpoint is damaged", path, key,
+                          it->second));
 }
 
 std::map<std::string, std::string> with(std::map<std::string, std::string> meta,
@@ -198,21 +201,24 @@ void Checkpoints::end_of_epoch(int64_t step, int64_t epoch, const EpochRecord& r
   save(step, epoch + 1, 0, 0, 0);
 }
 
-void Checkpoints::average(FitResult& result) {
+void Checkpoints::average(FitResult& result, int64_t last_epoch) {
   // An average left by an earlier run in this directory must not pass for this run's.
   std::remove(weights_path(".avg").c_str());
   if (o_.average <= 1) return;
-  std::vector<std::string> paths;
-  for (int64_t e = std::max<int64_t>(1, o_.epochs - o_.average + 1); e <= o_.epochs; ++e) {
+  std::vector<std::string> paths, epochs;
+  // The last epochs this run reached: a run cut by its time limit averages what it has (issue 47:
+  // cut in epoch 15 of 18, it averaged epochs 14-15 of the planned 14-18, not 11-15).
+  for (int64_t e = std::max<int64_t>(1, last_epoch - o_.average + 1); e <= last_epoch; ++e) {
     std::string p = weights_path(fmt::format(".epoch{}", e));
-    if (std::ifstream(p).good()) paths.push_back(p);
+    if (std::ifstream(p).good()) paths.push_back(p), epochs.push_back(std::to_string(e));
   }
   if (paths.size() < 2) return;
   load_saved_state(average_checkpoints(paths), paths.back(), "average");
   nn::save_safetensors(weights_path(".avg"), saved_state(),
                        with(o_.model_metadata, {{"averaged", std::to_string(paths.size())}}));
   result.averaged = static_cast<int64_t>(paths.size());
-  std::printf("averaged the weights of the last %zu epoch checkpoints\n", paths.size());
+  std::printf("averaged the weights of the last %zu epoch checkpoints (epochs %s)\n", paths.size(),
+              fmt::format("{}", fmt::join(epochs, ", ")).c_str());
 }
 
 }  // namespace tapestry::apps

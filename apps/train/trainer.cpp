@@ -275,7 +275,9 @@ FitResult Trainer::fit(DataSource& data) {
   result.steps = step_;
   if (dist::world_size() > 1 && reducer_ && step_ > start_step)
     progress_->dist_summary(*reducer_, static_cast<double>(step_ - start_step), allreduce_seconds(), train_seconds);
-  if (saving && dist::is_main() && !result.finished_early) checkpoints_->average(result);
+  // A run cut by its time limit averages the epochs it reached, not the planned last ones.
+  const int64_t last_epoch = result.epochs.empty() ? o_.epochs : result.epochs.back().epoch;
+  if (saving && dist::is_main() && !result.finished_early) checkpoints_->average(result, last_epoch);
   return result;
 }
 
@@ -289,6 +291,9 @@ bool Trainer::run_epoch(DataSource& data, int64_t epoch, const ResumePoint& star
   double loss_sum = resumed_here ? start.loss_sum : 0;
   int64_t tokens = resumed_here ? start.tokens : 0;
   const int64_t first_batch = resumed_here ? start.batch : 0;
+  // A checkpoint past its epoch's end would silently skip the epoch (issue 44).
+  TP_CHECK(first_batch <= batches, "resume: the checkpoint's next batch {} is past the {} batches of epoch {}: the "
+           "checkpoint is damaged, or the data changed since", first_batch, batches, epoch);
   const int64_t first_tokens = tokens;  // rates count this process's work only
   progress_->begin_epoch(epoch, batches, first_batch, first_tokens);
   model_.train();

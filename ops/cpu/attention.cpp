@@ -80,21 +80,29 @@ Shape lead_strides(const Tensor& t, size_t nlead) {
 }
 
 // Row-major [rows x cols] scores of query rows [r0, r0 + rows) against keys [c0, c0 + cols):
-// scale * q k^T with masked entries (by the mask or by causality) set to kAttentionMasked.
+// scale * q k^T with masked entries (by the mask or by causality) set to kAttentionMasked. With
+// `masked`, also which entries those are (1) and which not (0): the backward must tell a masked
+// score from a computed one that happens to equal kAttentionMasked (in float32, any score within
+// 32 of -1e9 rounds to it), which the value alone cannot.
 template <class T>
 void block_scores(const Layout& L, int64_t s, const T* q, const T* k, int64_t r0, int64_t rows, int64_t c0,
-                  int64_t cols, T scale, T* S) {
+                  int64_t cols, T scale, T* S, unsigned char* masked = nullptr) {
   gemm(false, true, rows, cols, L.e, scale, q + L.q_off[s] + r0 * L.q_ld, L.q_ld, k + L.k_off[s] + c0 * L.k_ld,
        L.k_ld, T(0), S, cols);
+  if (masked) std::fill(masked, masked + rows * cols, static_cast<unsigned char>(0));
+  auto mask_out = [&](int64_t r, int64_t c) {
+    S[r * cols + c] = static_cast<T>(kAttentionMasked);
+    if (masked) masked[r * cols + c] = 1;
+  };
   if (L.mask) {
     const bool* m = L.mask + L.m_off[s];
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
-        if (m[(r0 + r) * L.m_sq + (c0 + c) * L.m_sk]) S[r * cols + c] = static_cast<T>(kAttentionMasked);
+        if (m[(r0 + r) * L.m_sq + (c0 + c) * L.m_sk]) mask_out(r, c);
   }
   if (L.causal)
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = std::max<int64_t>(0, r0 + r + 1 - c0); c < cols; ++c) S[r * cols + c] = static_cast<T>(kAttentionMasked);
+      for (int64_t c = std::max<int64_t>(0, r0 + r + 1 - c0); c < cols; ++c) mask_out(r, c);
 }
 
 // Whether block (r0.., c0..) holds any unmasked entry under causality: key c0 <= last row.
@@ -354,6 +362,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
     // and dQ over every key block, so a slice is one thread's and the sums keep one order.
     cpu::parallel_for(0, L.bh, task_grain(L, L.tq), [&](int64_t s0, int64_t s1) {
       std::vector<T> P(static_cast<size_t>(kRows * kCols)), dP(static_cast<size_t>(kRows * kCols));
+      std::vector<unsigned char> M(static_cast<size_t>(kRows * kCols));  // which scores the mask took
       std::vector<T> D(static_cast<size_t>(L.tq));
       for (int64_t s = s0; s < s1; ++s) {
         // D_i = dO_i . O_i, which equals sum_j P_ij dP_ij (dropout included).
@@ -377,7 +386,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
           for (int64_t r0 = 0; r0 < L.tq; r0 += kRows) {
             const int64_t rows = std::min(kRows, L.tq - r0);
             if (!causal_visible(L, r0, rows, c0)) continue;
-            block_scores(L, s, pq, pk, r0, rows, c0, cols, tscale, P.data());
+            block_scores(L, s, pq, pk, r0, rows, c0, cols, tscale, P.data(), M.data());
             // dP' = dO V^T (the gradient of the dropped probabilities)
             gemm(false, true, rows, cols, L.ev, T(1), dO + r0 * do_ld, do_ld, V + c0 * L.v_ld, L.v_ld, T(0), dP.data(),
                  cols);
@@ -385,14 +394,15 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
               const T row_max = pl[2 * (s * L.tq + r0 + r)], log_sum = pl[2 * (s * L.tq + r0 + r) + 1];
               T* Pr = P.data() + r * cols;
               T* dPr = dP.data() + r * cols;
+              const unsigned char* Mr = M.data() + r * cols;
               const uint32_t base = static_cast<uint32_t>((s * L.tq + r0 + r) * L.tk + c0);
               const T Dr = D[r0 + r], dscale = static_cast<T>(drop.scale);
-              // dS = P (dP - D); masked scores were overwritten, so they get none. Two loops, so
+              // dS = P (dP - D); masked scores (by the mask, not by value) get none. Two loops, so
               // that each vectorizes without a branch on dropout inside.
               if (drop.on) {
 #pragma omp simd
                 for (int64_t c = 0; c < cols; ++c) {
-                  const bool masked = Pr[c] == static_cast<T>(kAttentionMasked);
+                  const bool masked = Mr[c] != 0;
                   const T p = vexp((Pr[c] - row_max) - log_sum);
                   const T z = drop.keep(base + static_cast<uint32_t>(c)) ? dscale : T(0);
                   dPr[c] = masked ? T(0) : p * (dPr[c] * z - Dr);
@@ -401,7 +411,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& dout_in, cons
               } else {
 #pragma omp simd
                 for (int64_t c = 0; c < cols; ++c) {
-                  const bool masked = Pr[c] == static_cast<T>(kAttentionMasked);
+                  const bool masked = Mr[c] != 0;
                   const T p = vexp((Pr[c] - row_max) - log_sum);
                   dPr[c] = masked ? T(0) : p * (dPr[c] - Dr);
                   Pr[c] = p;

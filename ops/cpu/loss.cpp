@@ -48,17 +48,22 @@ CrossEntropyOut cross_entropy(const Tensor& logits_in, const Tensor& target_in, 
 #pragma omp simd reduction(max : mx)
         for (int64_t j = 1; j < V; ++j) mx = std::max(mx, x[j]);
         // Sums in T over chunks (vectorized lanes), chunks added in double: a float lane then
-        // adds at most 1024 / width terms. sum_x (of x - max) is only needed with smoothing.
+        // adds at most 1024 / width terms. sum_x (of x - max) is only needed with smoothing, and
+        // is summed in double throughout: a -1e9 logit (a masked class) beside logits near 0
+        // would swallow them in float32 (its spacing there is 64), and the -1e9 cancels later
+        // against the skipped class's own term.
         double se = 0, sum_x = 0;
+        const double mx_d = static_cast<double>(mx);
         constexpr int64_t kChunk = 1024;
         for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
           const int64_t j1 = std::min(V, j0 + kChunk);
-          T chunk_se = 0, chunk_x = 0;
+          T chunk_se = 0;
+          double chunk_x = 0;
 #pragma omp simd reduction(+ : chunk_se)
           for (int64_t j = j0; j < j1; ++j) chunk_se += vexp(x[j] - mx);
           if (q.other > 0) {
 #pragma omp simd reduction(+ : chunk_x)
-            for (int64_t j = j0; j < j1; ++j) chunk_x += x[j] - mx;
+            for (int64_t j = j0; j < j1; ++j) chunk_x += static_cast<double>(x[j]) - mx_d;
           }
           se += chunk_se, sum_x += chunk_x;
         }

@@ -100,6 +100,17 @@ std::vector<std::string> add_lora(Module& model, const LoRAOptions& o) {
   });
   chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());  // a target listed twice
 
+  // A rank above a layer's smaller dimension adds nothing a full update lacks, and a huge one
+  // failed late with a bare out-of-memory error (issue 44): refused here, with what it would take.
+  int64_t adapter_elements = 0;
+  for (auto& [path, layer] : chosen) adapter_elements += o.rank * (layer->weight.size(0) + layer->weight.size(1));
+  for (auto& [path, layer] : chosen) {
+    const int64_t out = layer->weight.size(0), in = layer->weight.size(1);
+    TP_CHECK(o.rank <= std::min(in, out), "add_lora: rank {} is above the smaller dimension of {} ({} x {}), so the "
+             "adapter could not add anything a full update lacks; the adapters would need {:.1f} MiB; take a rank of at "
+             "most {}", o.rank, path, out, in, static_cast<double>(adapter_elements) *
+             static_cast<double>(dtype_size(layer->weight.dtype())) / (1 << 20), std::min(in, out));
+  }
   NoGradGuard no_grad;  // B's zeros and the casts are not part of any graph
   for (Tensor& p : model.parameters()) p.requires_grad_(false);
   std::vector<std::string> paths;

@@ -119,7 +119,7 @@ TEST_CASE("autocast: the guard nests, restores, and refuses where the CPU cannot
   CHECK(autocast_precision() == Precision::Float32);
 }
 
-TEST_CASE("autocast on a device: the check names the device; the gemm names say what runs") {
+TEST_CASE("autocast on a device: the check names the device, the gemm names say what runs") {
   // A GPU's bfloat16 runs through cuBLAS (compute capability 8.0 or later): without one (or
   // without a CUDA build) the guard and the matmul refuse, naming the device and the reason.
   if (!cuda::is_available()) {

@@ -199,6 +199,12 @@ TEST_CASE("add_lora: errors before any change - rank, alpha, unknown or tied lay
                        Error);
   o.targets = {"lm_head"};  // tied to the embedding
   CHECK_THROWS_WITH_AS(nn::add_lora(model, o), doctest::Contains("lm_head's weight is tied"), Error);
+  // A rank above a layer's smaller dimension (issue 44: 1000000 failed late, out of memory).
+  o.targets = {"q_proj"}, o.rank = 1000000;
+  CHECK_THROWS_WITH_AS(nn::add_lora(model, o), doctest::Contains("rank 1000000 is above the smaller dimension of"),
+                       Error);
+  CHECK_THROWS_WITH_AS(nn::add_lora(model, o), doctest::Contains("MiB; take a rank of at most"), Error);
+  o.rank = 2;
   CHECK(model.num_trainable_parameters() == model.num_parameters());  // nothing changed
   o.targets = {"q_proj", "q_proj"};  // listed twice: adapted once
   CHECK(nn::add_lora(model, o).size() == 2);

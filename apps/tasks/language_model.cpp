@@ -165,9 +165,15 @@ std::vector<std::string> split_list(const std::string& text) {
 std::string lora_targets_problem(const std::string& value) {
   const std::vector<std::string> parts = split_list(value);
   if (parts.empty()) return "give some of " + names_text(kLoraTargets);
-  for (const std::string& part : parts)
+  // Issue 44: "q,,k" and "q,q" were taken, the empty name and the repeat dropped silently.
+  if (static_cast<size_t>(std::count(value.begin(), value.end(), ',')) + 1 != parts.size())
+    return fmt::format("'{}' has an empty name between commas", value);
+  std::set<std::string> seen;
+  for (const std::string& part : parts) {
     if (std::find(kLoraTargets.begin(), kLoraTargets.end(), part) == kLoraTargets.end())
       return fmt::format("'{}' is not a layer: give some of {}", part, names_text(kLoraTargets));
+    if (!seen.insert(part).second) return fmt::format("'{}' is named twice", part);
+  }
   return "";
 }
 

@@ -184,15 +184,13 @@ SafetensorsFile load_safetensors(const std::string& path) {
                path, name, entry.at("dtype").get<std::string>());
       const DType dtype = stored.dtype;
       // Whole numbers only: nlohmann's get<> would truncate 200.9 to 200 (issue 44).
-      auto whole_numbers = [&](const char* key) {
+      for (const char* key : {"shape", "data_offsets"}) {
         const auto& list = entry.at(key);
         TP_CHECK(list.is_array(), "load_safetensors: {}: tensor '{}' has a {} that is not a list", path, name, key);
         for (const auto& x : list)
           TP_CHECK(x.is_number_integer(), "load_safetensors: {}: tensor '{}' has {} {}: not whole numbers", path, name,
                    key, list.dump());
-      };
-      whole_numbers("shape");
-      whole_numbers("data_offsets");
+      }
       Shape shape = entry.at("shape").get<Shape>();
       TP_CHECK(shape.size() <= 8, "load_safetensors: {}: tensor '{}' has {} dims", path, name, shape.size());
       auto offs = entry.at("data_offsets").get<std::vector<uint64_t>>();

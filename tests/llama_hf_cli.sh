@@ -42,6 +42,30 @@ expect_error() {  # NAME PATTERN DIR
 OMP_NUM_THREADS=1 /usr/bin/python3 "$ref" write-hf "$tmp/small" --vocab 300
 cp "$here/tests/data/llama_spm/tokenizer.model" "$tmp/small/"
 expect_error "vocabulary mismatch" "has 400 tokens but config.json's vocab_size is 300" "$tmp/small"
+# Weights holding a NaN printed garbage and exited 0 (issue 44): refused, naming the tensor.
+OMP_NUM_THREADS=1 /usr/bin/python3 "$ref" write-hf "$tmp/nan" --vocab 400 --dtype F32 --seed 4
+cp "$here/tests/data/llama_spm/tokenizer.model" "$tmp/nan/"
+/usr/bin/python3 - "$tmp/nan" <<'PY'
+import glob, json, math, struct, sys
+path = sorted(glob.glob(sys.argv[1] + "/*.safetensors"))[0]
+with open(path, "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    header = json.loads(f.read(n))
+    name = sorted(k for k, v in header.items() if k != "__metadata__" and "q_proj" in k and v["dtype"] == "F32")[0]
+    f.seek(8 + n + header[name]["data_offsets"][0])
+    f.write(struct.pack("<f", math.nan))
+PY
+expect_error "NaN weights" "the weights hold NaN or inf in '.*q_proj.weight' (1 of its" "$tmp/nan"
+expect_error_prompt() {  # invalid UTF-8 in --prompt (issue 44)
+  set +e
+  "$bin" generate --hf "$tmp/llama" --prompt "$(printf 'A \xff man')" --max-new 3 > "$tmp/out" 2> "$tmp/err"
+  local rc=$?
+  set -e
+  [ "$rc" -eq 1 ] && grep -q -- "--prompt is not valid UTF-8 (at byte 3)" "$tmp/err" ||
+    fail "invalid UTF-8 prompt: exit $rc: $(cat "$tmp/err")"
+  echo "llama_hf_cli: invalid UTF-8 prompt: $(cat "$tmp/err")"
+}
+expect_error_prompt
 cp -r "$tmp/llama" "$tmp/noshard" && rm "$tmp/noshard/model-00002-of-00003.safetensors"
 expect_error "missing shard" "model-00002-of-00003.safetensors is missing" "$tmp/noshard"
 cp -r "$tmp/llama" "$tmp/notok" && rm "$tmp/notok/tokenizer.model"

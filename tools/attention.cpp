@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "apps/data/text.h"
 #include "apps/eval/attention_map.h"
 #include "apps/tasks/translation.h"
 #include "tools/cli.h"
@@ -23,6 +24,11 @@ Subcommand add_attention(CLI::App& app) {
   attention->add_option("--out", f->out, "the HTML file to write")->capture_default_str();
   attention->add_option("--weights", f->weights, "weights file in the checkpoint directory (as for translate)");
   return {attention, [f] {
+    for (const auto& [flag, text] : {std::pair<const char*, const std::string&>{"--sentence", f->sentence},
+                                     {"--target", f->target}}) {
+      const long bad = apps::invalid_utf8_at(text);
+      TP_CHECK(bad < 0, "attention: {} is not valid UTF-8 (at byte {})", flag, bad + 1);
+    }
     auto translator = apps::load_translator(f->dir, f->weights);
     auto maps = apps::attention_maps(*translator.model, *translator.subword, f->sentence, f->target, f->layers);
     apps::write_attention_html(f->out, maps);

@@ -2,6 +2,8 @@
 // that `train --task lm` wrote (or Hugging Face weights with --hf: a Llama-family directory, or
 // GPT-2's model.safetensors), streaming the text to stdout as tokens come; --input FILE continues
 // one prompt per line, as one batch.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -51,6 +53,10 @@ Subcommand add_generate(CLI::App& app) {
   return {cmd, [f, cmd] {
     TP_CHECK(f->dir.empty() != f->hf.empty(), "generate: give exactly one of --checkpoint DIR and --hf DIR|FILE");
     TP_CHECK(f->input.empty() || cmd->count("--prompt") == 0, "generate: give --prompt or --input, not both");
+    // A tokenizer would split invalid bytes into garbage tokens silently (issue 44): refused, as
+    // input files' invalid lines are.
+    const long bad = apps::invalid_utf8_at(f->prompt);
+    TP_CHECK(bad < 0, "generate: --prompt is not valid UTF-8 (at byte {})", bad + 1);
     if (f->threads > 0) set_num_threads(static_cast<int>(f->threads));
     apps::LanguageModel lm;
     if (!f->dir.empty()) {
@@ -61,6 +67,14 @@ Subcommand add_generate(CLI::App& app) {
       const std::string dir = f->gpt2_dir.empty() ? apps::default_gpt2_dir() : f->gpt2_dir;
       lm.tokenizer = apps::gpt2_tokenizer(dir);
       lm.model = models::load_gpt2_hf(f->hf, f->heads);
+    }
+    // Weights holding NaN or inf would print garbage and exit 0 (issue 44): refused, naming the tensor.
+    for (const auto& [name, t] : lm.model->state_dict()) {
+      if (!is_floating(t.dtype())) continue;
+      const std::vector<double> values = t.detach().to(Device::CPU).to_vector<double>();
+      const auto bad_values = std::count_if(values.begin(), values.end(), [](double v) { return !std::isfinite(v); });
+      TP_CHECK(bad_values == 0, "generate: the weights hold NaN or inf in '{}' ({} of its {} values): the file is "
+               "damaged, or the model diverged", name, bad_values, values.size());
     }
     const apps::LMTokenizer& tok = *lm.tokenizer;
     f->sample.eos = tok.eos();

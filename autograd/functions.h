@@ -27,6 +27,8 @@ Tensor rdiv(const Tensor& a, double b);  // b / a
 Tensor neg(const Tensor& a);
 Tensor exp(const Tensor& a);
 Tensor log(const Tensor& a);
+Tensor log1p(const Tensor& a);  // log(1 + x), accurate near 0
+Tensor expm1(const Tensor& a);  // exp(x) - 1, accurate near 0
 Tensor sqrt(const Tensor& a);
 Tensor rsqrt(const Tensor& a);
 Tensor pow(const Tensor& a, double exponent);
@@ -37,6 +39,9 @@ Tensor gelu(const Tensor& a, const std::string& approximate = "none");
 Tensor sigmoid(const Tensor& a);
 Tensor abs(const Tensor& a);
 Tensor clamp(const Tensor& a, double lo, double hi);
+Tensor clamp_min(const Tensor& a, double lo);  // clamp(a, lo, inf)
+// log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (torch.nn.functional.softplus).
+Tensor softplus(const Tensor& a, double beta = 1.0, double threshold = 20.0);
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 
@@ -77,6 +82,9 @@ Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);
 Tensor argmin(const Tensor& a, int64_t dim, bool keepdim = false);
 Tensor softmax(const Tensor& a, int64_t dim);
 Tensor log_softmax(const Tensor& a, int64_t dim);
+// log(sum(exp(a), dim)), shifted by the dim's max so large values do not overflow; -inf over an
+// empty dim, as torch.logsumexp. Floating inputs only (PyTorch promotes integers; tapestry does not).
+Tensor logsumexp(const Tensor& a, int64_t dim, bool keepdim = false);
 // Normalizes over the trailing dims given by normalized_shape; weight and bias may be undefined.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
@@ -145,6 +153,18 @@ enum class Reduction { Mean, Sum };
 // ignore_index skipped. Mean divides by the number of counted rows (0 rows give a loss of 0).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0,
                      int64_t ignore_index = -100, Reduction reduction = Reduction::Mean);
+// The regression losses of torch.nn.functional, elementwise on broadcast operands, then reduced:
+// (a - b)^2; |a - b|; smooth L1 (0.5 d^2 / beta below beta, d - 0.5 beta above; beta 0 is L1);
+// Huber (0.5 d^2 below delta, delta (d - 0.5 delta) above).
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean,
+                      double beta = 1.0);
+Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean, double delta = 1.0);
+// -(y log sigmoid(x) + (1 - y) log sigmoid(-x)) for logits x and targets y of the same shape,
+// computed as (1 - y) x + softplus(-x), which neither overflows nor loses its gradient at 0.
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        Reduction reduction = Reduction::Mean);
 
 // ---- attention (ops_attention.cpp)
 // softmax(scale * q k^T, masked) v as one fused kernel with its own backward, which never holds

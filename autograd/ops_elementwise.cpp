@@ -1,5 +1,7 @@
 // Elementwise ops: forward via kernels::binary / kernels::unary, backward beside each.
 // Broadcasting needs no code here: the engine sums each gradient back to its input's shape.
+#include <limits>
+
 #include "tapestry/autograd/functions.h"
 #include "tapestry/ops/detail/kernels.h"
 
@@ -122,6 +124,20 @@ Tensor log(const Tensor& a) {
   return record("LogBackward", out, {a}, [x](const Tensor& g) { return TensorList{div(g, x.get())}; });
 }
 
+Tensor log1p(const Tensor& a) {
+  Tensor out = kernels::unary("log1p", Unary::Log1p, a);
+  if (!any_requires_grad({a})) return out;
+  SavedTensor x(a, "Log1pBackward");
+  return record("Log1pBackward", out, {a}, [x](const Tensor& g) { return TensorList{div(g, add(x.get(), 1.0))}; });
+}
+
+Tensor expm1(const Tensor& a) {
+  Tensor out = kernels::unary("expm1", Unary::Expm1, a);
+  if (!any_requires_grad({a})) return out;
+  SavedTensor y(out, "Expm1Backward");
+  return record("Expm1Backward", out, {a}, [y](const Tensor& g) { return TensorList{mul(g, add(y.get(), 1.0))}; });
+}
+
 Tensor sqrt(const Tensor& a) {
   Tensor out = kernels::unary("sqrt", Unary::Sqrt, a);
   if (!any_requires_grad({a})) return out;
@@ -201,6 +217,17 @@ Tensor abs(const Tensor& a) {
   return record("AbsBackward", out, {a}, [x](const Tensor& g) {
     return TensorList{mul(g, kernels::unary("abs_backward", Unary::Sign, x.get()))};
   });
+}
+
+Tensor clamp_min(const Tensor& a, double lo) { return clamp(a, lo, std::numeric_limits<double>::infinity()); }
+
+Tensor softplus(const Tensor& a, double beta, double threshold) {
+  TP_CHECK(is_floating(a.dtype()), "softplus: expected a float tensor, got {} {}", a.dtype(), a.sizes());
+  const Tensor bx = mul(a, beta), linear = gt(bx, threshold);
+  // The smooth branch sees 0 where the linear one is taken: it never overflows, so its gradient
+  // (0 there) never meets an inf. A NaN takes the smooth branch and stays NaN, its gradient too.
+  const Tensor soft = div(log1p(exp(where(linear, 0.0, bx))), beta);
+  return where(linear, a, soft);
 }
 
 Tensor clamp(const Tensor& a, double lo, double hi) {

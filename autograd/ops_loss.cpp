@@ -18,4 +18,48 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothin
   });
 }
 
+namespace {
+Tensor reduced(const Tensor& loss, Reduction reduction) { return reduction == Reduction::Sum ? sum(loss) : mean(loss); }
+void check_floating(const char* op, const Tensor& a, const Tensor& b) {
+  TP_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()), "{}: expected float tensors, got {} {} and {} {}", op,
+           a.dtype(), a.sizes(), b.dtype(), b.sizes());
+}
+}  // namespace
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  check_floating("mse_loss", input, target);
+  const Tensor d = sub(input, target);
+  return reduced(mul(d, d), reduction);
+}
+
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  check_floating("l1_loss", input, target);
+  return reduced(abs(sub(input, target)), reduction);
+}
+
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction, double beta) {
+  check_floating("smooth_l1_loss", input, target);
+  TP_CHECK(beta >= 0, "smooth_l1_loss: beta must be at least 0, got {}", beta);
+  const Tensor d = abs(sub(input, target));
+  if (beta == 0) return reduced(d, reduction);
+  // The quadratic branch on d clamped to beta: where it is not taken its gradient is 0, and never
+  // 0 * inf = NaN at an infinite difference.
+  const Tensor q = clamp(d, 0.0, beta);
+  return reduced(where(lt(d, beta), mul(mul(q, q), 0.5 / beta), sub(d, 0.5 * beta)), reduction);
+}
+
+Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction, double delta) {
+  check_floating("huber_loss", input, target);
+  TP_CHECK(delta > 0, "huber_loss: delta must be positive, got {}", delta);
+  const Tensor d = abs(sub(input, target)), q = clamp(d, 0.0, delta);  // q: as smooth_l1_loss's
+  return reduced(where(lt(d, delta), mul(mul(q, q), 0.5), mul(sub(d, 0.5 * delta), delta)), reduction);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, Reduction reduction) {
+  check_floating("binary_cross_entropy_with_logits", logits, target);
+  TP_CHECK(logits.sizes() == target.sizes(), "binary_cross_entropy_with_logits: the target's shape {} must be the "
+           "logits' {}", target.sizes(), logits.sizes());
+  return reduced(add(mul(rsub(target, 1.0), logits), softplus(neg(logits))), reduction);
+}
+
 }  // namespace tapestry

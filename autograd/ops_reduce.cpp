@@ -131,6 +131,18 @@ Tensor softmax_impl(const Tensor& a, int64_t dim, bool log) {
 Tensor softmax(const Tensor& a, int64_t dim) { return softmax_impl(a, dim, false); }
 Tensor log_softmax(const Tensor& a, int64_t dim) { return softmax_impl(a, dim, true); }
 
+Tensor logsumexp(const Tensor& a, int64_t dim, bool keepdim) {
+  TP_CHECK(is_floating(a.dtype()), "logsumexp: expected a float tensor, got {} {}", a.dtype(), a.sizes());
+  const int64_t d = wrap_dim("logsumexp", dim, a.dim());
+  if (a.dim() > 0 && a.size(d) == 0) return log(sum(exp(a), {dim}, keepdim));  // an empty sum: -inf
+  // Shifted by the (constant) max, which an infinite max would turn into inf - inf: those rows
+  // shift by 0 and give +-inf themselves.
+  Tensor m = max(a.detach(), dim, true).values;
+  m = masked_fill(m, eq(abs(m), std::numeric_limits<double>::infinity()), 0.0);
+  Tensor out = add(log(sum(exp(sub(a, m)), {dim}, true)), m);
+  return keepdim || a.dim() == 0 ? out : squeeze(out, dim);
+}
+
 namespace {
 // layer_norm and rms_norm (center false: no mean subtracted, no bias): one kernel pair.
 Tensor norm_impl(const char* op, const char* node, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,

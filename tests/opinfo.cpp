@@ -561,6 +561,16 @@ void add_elementwise_rows(std::vector<OpInfo>& t) {
   // ---- unary math
   entry("exp", "torch.exp(a)", one([](X x) { return exp(x[0]); }), {true}, {unary_samples(Dom::Real, false)}).link = Link::Grows;
   entry("log", "torch.log(a)", one([](X x) { return log(x[0]); }), {true}, {unary_samples(Dom::Pos, false)}).link = Link::Positive;
+  entry("log1p", "torch.log1p(a)", one([](X x) { return log1p(x[0]); }), {true}, {unary_samples(Dom::Pos, false)})
+      .link = Link::Positive;
+  entry("expm1", "torch.expm1(a)", one([](X x) { return expm1(x[0]); }), {true}, {unary_samples(Dom::Real, false)})
+      .link = Link::Grows;
+  entry("softplus", "F.softplus(a)", one([](X x) { return softplus(x[0]); }), {true}, {unary_samples(Dom::Real, false)})
+      .link = Link::Smooth;
+  entry("softplus_beta_threshold", "F.softplus(a, beta=2.0, threshold=1.0)",
+        one([](X x) { return softplus(x[0], 2.0, 1.0); }), {true}, {unary_samples(Dom::Real, false, {0.5})});
+  entry("clamp_min", "torch.clamp_min(a, 0.25)", one([](X x) { return clamp_min(x[0], 0.25); }), {true},
+        {unary_samples(Dom::Real, false, {0.25})}).link = Link::Kinked;
   entry("sqrt", "torch.sqrt(a)", one([](X x) { return sqrt(x[0]); }), {true}, {unary_samples(Dom::Pos, false)}).link = Link::Positive;
   entry("rsqrt", "torch.rsqrt(a)", one([](X x) { return rsqrt(x[0]); }), {true}, {unary_samples(Dom::Pos, false)}).link = Link::Positive;
   entry("tanh", "torch.tanh(a)", one([](X x) { return tanh(x[0]); }), {true}, {unary_samples(Dom::Real, false)}).link = Link::Smooth;
@@ -811,6 +821,11 @@ void add_reduction_rows(std::vector<OpInfo>& t) {
         {reduce_samples({{0}, false, true, false, false, true}), [](Generator&) { return large_magnitude_rows(); }});
   entry("log_softmax_method_dim-1", "a.log_softmax(-1)", one([](X x) { return x[0].log_softmax(-1); }), {true},
         {reduce_samples({{-1}, false, true, false, false, true}), [](Generator&) { return large_magnitude_rows(); }});
+
+  entry("logsumexp_dim1", "torch.logsumexp(a, 1)", one([](X x) { return logsumexp(x[0], 1); }), {true},
+        {reduce_samples({{1}, false, true, false, false, true}), [](Generator&) { return large_magnitude_rows(); }});
+  entry("logsumexp_dim0_keepdim", "torch.logsumexp(a, 0, keepdim=True)",
+        one([](X x) { return logsumexp(x[0], 0, true); }), {true}, {reduce_samples({{0}, false, true, false, false, true})});
 
   // ---- layer_norm
   entry("layer_norm_affine", "F.layer_norm(a, [5], b, c)", one([](X x) { return layer_norm(x[0], {5}, x[1], x[2]); }),
@@ -1379,6 +1394,36 @@ void add_nn_rows(std::vector<OpInfo>& t) {
   entry("cross_entropy_empty_batch", "F.cross_entropy(a, b)", one([](X x) { return cross_entropy(x[0], x[1]); }),
         {true, false},
         {[](Generator& g) { return std::vector<Sample>{ok("[0, 5]", {draw(g, {0, 5}), i64({}, {0})})}; }});
+
+  // ---- the regression losses and binary cross-entropy
+  entry("mse_loss", "F.mse_loss(a, b)", one([](X x) { return mse_loss(x[0], x[1]); }), {true, true},
+        {binary_samples({Dom::Real, Dom::Real, false, false})});
+  entry("mse_loss_sum", "F.mse_loss(a, b, reduction='sum')",
+        one([](X x) { return mse_loss(x[0], x[1], Reduction::Sum); }), {true, true},
+        {binary_samples({Dom::Real, Dom::Real, false, false})});
+  entry("l1_loss", "F.l1_loss(a, b)", one([](X x) { return l1_loss(x[0], x[1]); }), {true, true},
+        {binary_samples({Dom::Real, Dom::Real, false, true})});
+  entry("smooth_l1_loss", "F.smooth_l1_loss(a, b, beta=0.5)",
+        one([](X x) { return smooth_l1_loss(x[0], x[1], Reduction::Mean, 0.5); }), {true, true},
+        {binary_samples({Dom::Real, Dom::Real, false, true})});
+  entry("huber_loss", "F.huber_loss(a, b, reduction='sum', delta=0.5)",
+        one([](X x) { return huber_loss(x[0], x[1], Reduction::Sum, 0.5); }), {true, true},
+        {binary_samples({Dom::Real, Dom::Real, false, true})});
+  entry("binary_cross_entropy_with_logits", "F.binary_cross_entropy_with_logits(a, b)",
+        one([](X x) { return binary_cross_entropy_with_logits(x[0], x[1]); }), {true, true},
+        {[](Generator& g) {
+          auto prob = [&](const Shape& s, DType dt = kFloat64) { return rand(s, dt, &g); };
+          return std::vector<Sample>{
+              ok("[3, 4]", {draw(g, {3, 4}), prob({3, 4})}),
+              ok("0-d", {draw(g, {}), prob({})}),
+              ok("empty [0, 3]", {draw(g, {0, 3}), prob({0, 3})}),
+              ok("transposed [4, 5] and strided", {transposed(draw(g, {4, 5})), strided(prob({4, 5}))}),
+              ok("at 0 and large logits", {f64({0.0, 0.0, 40.0, -40.0, 800.0, -800.0}, {6}),
+                                           f64({0.3, 1.0, 0.0, 1.0, 0.5, 0.5}, {6})}),
+              ok("float32 [2, 3]", {draw(g, {2, 3}, Dom::Real, kFloat32), prob({2, 3}, kFloat32)}),
+              err("shapes [3, 4] and [4]", {draw(g, {3, 4}), prob({4})}),
+          };
+        }});
 }
 
 // The rows of sorting, scans and triangles.

@@ -19,7 +19,7 @@ namespace tapestry::kernels {
 // ReluBackward: a where b > 0, else 0 (the gradient a of relu given its output b).
 // GeluBackward / GeluTanhBackward: a = the incoming gradient, b = gelu's input (one pass, fused).
 enum class Binary { Add, Sub, Mul, Div, Maximum, Minimum, ReluBackward, GeluBackward, GeluTanhBackward, Eq, Ne, Lt, Le, Gt, Ge };
-enum class Unary { Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu, GeluTanh, Sigmoid, Abs, Sign, PowScalar, Clamp };
+enum class Unary { Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Relu, Gelu, GeluTanh, Sigmoid, Abs, Sign, PowScalar, Clamp, Log1p, Expm1 };
 enum class Reduce { Sum, Max, Min };
 
 bool is_comparison(Binary kind);

@@ -26,6 +26,10 @@ TP_HD inline float exp(float x) { return ::expf(x); }
 TP_HD inline double exp(double x) { return ::exp(x); }
 TP_HD inline float log(float x) { return ::logf(x); }
 TP_HD inline double log(double x) { return ::log(x); }
+TP_HD inline float log1p(float x) { return ::log1pf(x); }
+TP_HD inline double log1p(double x) { return ::log1p(x); }
+TP_HD inline float expm1(float x) { return ::expm1f(x); }
+TP_HD inline double expm1(double x) { return ::expm1(x); }
 TP_HD inline float sqrt(float x) { return ::sqrtf(x); }
 TP_HD inline double sqrt(double x) { return ::sqrt(x); }
 TP_HD inline float tanh(float x) { return ::tanhf(x); }
@@ -220,6 +224,12 @@ struct Exp : UnaryTraits {
 struct Log : UnaryTraits {
   template <class T> TP_HD T operator()(T x) const { return math::log(x); }
 };
+struct Log1p : UnaryTraits {  // log(1 + x), exact near 0 where 1 + x rounds
+  template <class T> TP_HD T operator()(T x) const { return math::log1p(x); }
+};
+struct Expm1 : UnaryTraits {  // exp(x) - 1, exact near 0 where exp(x) - 1 cancels
+  template <class T> TP_HD T operator()(T x) const { return math::expm1(x); }
+};
 struct Sqrt : UnaryTraits {
   template <class T> TP_HD T operator()(T x) const { return math::sqrt(x); }
 };
@@ -304,6 +314,8 @@ decltype(auto) with_unary_op(Unary kind, double p0, double p1, F&& f) {
       if (p0 == -0.5) return f(op::Rsqrt{});
       return f(op::PowScalar{{}, p0});
     case Unary::Clamp: return f(op::Clamp{{}, p0, p1});
+    case Unary::Log1p: return f(op::Log1p{});
+    case Unary::Expm1: return f(op::Expm1{});
   }
   return f(op::Neg{});  // unreachable: every kind is listed
 }

@@ -67,6 +67,24 @@ VAR_GRADIENT_REASON = (
     "finite value from the divisor N - correction that its own forward clamps at 0")
 
 
+INT_PROMOTION_REASON = (
+    "tapestry does not promote integers to float (docs/coming-from-pytorch.md, Dtypes): logsumexp of an int64 "
+    "tensor is an Error; PyTorch promotes it")
+for _op in ("logsumexp_dim1", "logsumexp_dim0_keepdim"):
+    ALLOWLIST[f"{_op}:int64 [3, 4]"] = INT_PROMOTION_REASON
+for _op in ("smooth_l1_loss", "huber_loss"):
+    ALLOWLIST[f"{_op}:inf and NaN"] = (
+        "the gradient where input - target is NaN (inf - inf, or a NaN operand): PyTorch's fused backward gives NaN, "
+        "tapestry's composite gives 0 there (the gradient of abs at NaN, as PyTorch's abs); at an infinite "
+        "difference both give the sign")
+ALLOWLIST["logsumexp_dim1:float64 rows at 1e300"] = (
+    "PyTorch's backward is exp(a - logsumexp(a)); at 1e300 the log 2 of two tied maxima rounds away, so each "
+    "gets weight 1 instead of 1/2; tapestry's gradient is the softmax of the shifted row (1/2 each)")
+ALLOWLIST["logsumexp_dim1:float32 near 1e4"] = (
+    "PyTorch's float32 backward exp(a - logsumexp(a)) subtracts numbers near 1e4 (spacing 1e-3), a relative "
+    "error of 1e-3 in the weights; tapestry shifts by the exact max, so its weights keep float32's relative precision")
+
+
 def documented_reason(op, sample, problem):
     """The documented reason for a difference, or None."""
     reason = ALLOWLIST.get(f"{op}:{sample}", ALLOWLIST.get(op))

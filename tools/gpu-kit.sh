@@ -10,8 +10,9 @@
 #     bin/    tapestry (the command line) and device_check, built with -DTAPESTRY_CUDA=ON,
 #             -DTAPESTRY_NATIVE=OFF (portable x86-64), sm_90 only, -lineinfo (compute-sanitizer's
 #             file:line), without MPI and oneDNN
-#     lib/    every library `ldd` resolves for them, less glibc and the CUDA libraries (cudart,
-#             cuBLAS: the GPU machine's own toolkit provides those, matched to its driver)
+#     lib/    every library `ldd` resolves for them, less glibc, libstdc++/libgcc_s and the CUDA
+#             libraries (cudart, cuBLAS: the GPU machine's own toolkit provides those, matched to
+#             its driver)
 #   data/     the Multi30k files the window's short training reads
 #   debs/     the Debian packages of the build's dependencies, for the fallback: should a carried
 #             binary not start there, gpu-window.sh unpacks them with `dpkg -x` into a prefix under
@@ -33,10 +34,12 @@ cd "$(dirname "$0")/.."
 kit="${TAPESTRY_KIT:-.gpu-kit}"
 limit_mib=50
 
-# glibc's libraries (the GPU machine has its own, newer) and the CUDA libraries (its toolkit's).
+# glibc's and GCC's runtime libraries (the GPU machine has its own, newer: it has g++, and its
+# profilers and sanitizers need its libstdc++, not an older one) and the CUDA libraries (its toolkit's).
 system_lib() {
   case "$(basename "$1")" in
     ld-linux*|libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libresolv.so*|libutil.so*) return 0 ;;
+    libstdc++.so*|libgcc_s.so*) return 0 ;;
     libcudart.so*|libcublas.so*|libcublasLt.so*|libnccl.so*|libcuda.so*|linux-vdso*) return 0 ;;
   esac
   return 1
@@ -93,7 +96,7 @@ pack() {
     echo "cmake ${flags[*]}"
     echo "nvcc: $("$nvcc" --version | tail -1)"
     echo "g++: $(g++ --version | head -1); glibc $(ldd --version | head -1 | awk '{print $NF}')"
-    echo "the GPU machine provides: glibc, libcudart.so.13, libcublas.so.13, libcublasLt.so.13"
+    echo "the GPU machine provides: glibc, libstdc++ (GLIBCXX_3.4.30 or later), libcudart.so.13, libcublas.so.13, libcublasLt.so.13"
     cat "$kit/contents"
     (cd "$kit" && find . -type f ! -name MANIFEST ! -name contents -printf '%s\t%p\n' | sort -k2)
   } >"$kit/MANIFEST"

@@ -25,12 +25,6 @@ void synchronize(Device device) {
 MemoryStats memory_stats(Device) { return {}; }
 void reset_peak_memory(Device) {}
 void empty_cache(Device) {}
-// Kept, though nothing reads them without a GPU: a program that sets them runs on any build.
-namespace {
-bool tf32_allowed = false;
-}  // namespace
-void set_allow_tf32(bool on) { tf32_allowed = on; }
-bool allow_tf32() { return tf32_allowed; }
 bool bf16_supported(Device device, std::string* why) {
   if (why) *why = device_name(device) + ": " + unavailable_reason();
   return false;

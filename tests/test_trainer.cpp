@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "apps/train/trainer.h"
 #include "tests/helpers.h"
@@ -57,6 +58,24 @@ struct OnesData : apps::DataSource {
   nn::Linear& model;
 };
 
+
+// A Linear(1, 1) from seed 3 fitted on ToyData with Adam into the run folder `dir` (recipe rows
+// = 40), with the options `set` gives; its weight in `weight` when asked.
+apps::FitResult fit_toy(const std::string& dir, const std::function<void(apps::TrainerOptions&)>& set,
+                        std::vector<double>* weight = nullptr) {
+  manual_seed(3);
+  nn::Linear model(1, 1);
+  ToyData data(model);
+  optim::Adam adam(model.parameters(), optim::AdamOptions{});
+  apps::TrainerOptions o;
+  o.progress = false, o.out_dir = dir, o.recipe = {{"rows", "40"}};
+  set(o);
+  std::filesystem::create_directories(dir);
+  apps::Trainer trainer(model, adam, nullptr, o);
+  apps::FitResult r = trainer.fit(data);
+  if (weight) *weight = values(model.weight.detach());
+  return r;
+}
 
 int64_t lines(const std::string& path) {
   std::ifstream in(path);
@@ -141,17 +160,11 @@ TEST_CASE("Trainer::fit: epochs, the evaluation hook, the step log, keep, best, 
 
 TEST_CASE("Trainer::fit: interrupted and resumed, the run ends where an uninterrupted one does, to the bit") {
   auto run = [](int64_t stop_after, bool resume, const std::string& dir) {
-    manual_seed(3);
-    nn::Linear model(1, 1);
-    ToyData data(model);
-    optim::Adam adam(model.parameters(), optim::AdamOptions{});
-    apps::TrainerOptions o;
-    o.epochs = 3, o.progress = false, o.out_dir = dir, o.stop_after = stop_after, o.resume = resume;
-    o.save_every = 4, o.average = 0, o.recipe = {{"rows", "40"}};
-    std::filesystem::create_directories(dir);
-    apps::Trainer trainer(model, adam, nullptr, o);
-    apps::FitResult r = trainer.fit(data);
-    return std::make_pair(r, values(model.weight.detach()));
+    std::vector<double> weight;
+    apps::FitResult r = fit_toy(dir, [&](apps::TrainerOptions& o) {
+      o.epochs = 3, o.stop_after = stop_after, o.resume = resume, o.save_every = 4, o.average = 0;
+    }, &weight);
+    return std::make_pair(r, weight);
   };
   const std::string straight_dir = fresh_temp_dir("straight"), dir = fresh_temp_dir("resumed");
   auto [straight, w_straight] = run(0, false, straight_dir);
@@ -255,16 +268,11 @@ TEST_CASE("Trainer: resume refuses damaged metadata - a batch past the epoch, a 
   // loss sum resumed.
   const std::string dir = fresh_temp_dir("damaged_meta");
   auto run = [&](int64_t stop_after, bool resume) {
-    manual_seed(3);
-    nn::Linear model(1, 1);
-    ToyData data(model);
-    optim::Adam adam(model.parameters(), optim::AdamOptions{});
-    apps::TrainerOptions o;
-    o.epochs = 3, o.progress = false, o.out_dir = dir, o.stop_after = stop_after, o.resume = resume;
-    o.average = 0, o.recipe = {{"rows", "40"}};
-    std::filesystem::create_directories(dir);
-    apps::Trainer trainer(model, adam, nullptr, o);
-    return error_of([&] { trainer.fit(data); });
+    return error_of([&] {
+      fit_toy(dir, [&](apps::TrainerOptions& o) {
+        o.epochs = 3, o.stop_after = stop_after, o.resume = resume, o.average = 0;
+      });
+    });
   };
   CHECK(run(9, false).empty());  // stops mid-epoch 2, at batch 3 of 6
   const std::string ckpt = dir + "/checkpoint.safetensors";
@@ -291,16 +299,9 @@ TEST_CASE("Trainer: a run cut by its time limit averages the last epochs it reac
   // its first step, which ends epoch 3 (evaluated and saved).
   const std::string dir = fresh_temp_dir("cut_average");
   auto run = [&](int64_t stop_after, double time_limit, bool resume) {
-    manual_seed(3);
-    nn::Linear model(1, 1);
-    ToyData data(model);
-    optim::Adam adam(model.parameters(), optim::AdamOptions{});
-    apps::TrainerOptions o;
-    o.epochs = 5, o.progress = false, o.out_dir = dir, o.stop_after = stop_after, o.resume = resume;
-    o.keep = 5, o.average = 3, o.time_limit = time_limit, o.recipe = {{"rows", "40"}};
-    std::filesystem::create_directories(dir);
-    apps::Trainer trainer(model, adam, nullptr, o);
-    return trainer.fit(data);
+    return fit_toy(dir, [&](apps::TrainerOptions& o) {
+      o.epochs = 5, o.stop_after = stop_after, o.resume = resume, o.keep = 5, o.average = 3, o.time_limit = time_limit;
+    });
   };
   CHECK(run(13, 0, false).stopped);  // 6 steps per epoch: the first step of epoch 3
   const apps::FitResult cut = run(0, 1e-9, true);

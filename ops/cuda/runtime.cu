@@ -202,11 +202,6 @@ void empty_cache(Device device) {
   s.free_blocks.clear();
 }
 
-namespace {
-bool tf32_allowed = false;
-}  // namespace
-void set_allow_tf32(bool on) { tf32_allowed = on; }
-bool allow_tf32() { return tf32_allowed; }
 
 bool bf16_supported(Device device, std::string* why) {
   auto no = [&](const std::string& reason) {

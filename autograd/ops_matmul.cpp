@@ -19,6 +19,12 @@ Precision matmul_precision(const char* op, const Tensor& a) {
   TP_CHECK(bf16_supported(a.device(), &why), "{}: autocast to bfloat16 on {}: {}", op, a.device(), why);
   return p;
 }
+// Under bfloat16, a weight's rounded copy is kept for the guard's life (Note [Autocast weight cache]).
+void cache_weights(Precision p, std::initializer_list<const Tensor*> operands) {
+  if (p != Precision::BFloat16) return;
+  for (const Tensor* t : operands)
+    if (t->defined() && t->requires_grad() && t->is_leaf()) autocast_cache_weight(*t);
+}
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -33,6 +39,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     return out;
   }
   const Precision prec = matmul_precision("matmul", a);
+  cache_weights(prec, {&a, &b});
   Tensor out = kernels::matmul(a, b);
   if (!any_requires_grad({a, b})) return out;
   bool need_a = a.requires_grad(), need_b = b.requires_grad();
@@ -70,6 +77,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     return b.defined() ? add(y, b) : y;
   }
   const Precision prec = matmul_precision("linear", x);
+  cache_weights(prec, {&x, &w});
   Tensor x2 = rows_of(x, in_f);                                   // (N, in)
   Tensor wt = raw_view(w, {in_f, out_f}, {w.stride(1), w.stride(0)});  // (in, out), read transposed
   Tensor y = kernels::matmul(x2, wt);                            // (N, out), fresh

@@ -14,11 +14,16 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "tapestry/ops/dtype.h"
 
 namespace tapestry {
+
+class Tensor;
+struct Storage;
 
 enum class Precision { Float32, BFloat16 };
 
@@ -43,6 +48,26 @@ class AutocastGuard {
  private:
   Precision prev_;
 };
+
+// Note [Autocast weight cache]: inside the outermost AutocastGuard on a thread, a weight's
+// bfloat16 copy is made at its first matmul and kept until that guard closes, as torch.autocast's
+// cache: the backward's other layout, a tied weight, further micro-batches and decoding steps all
+// read the same copy. matmul and linear mark their operands that are leaves requiring grad (the
+// weights, as PyTorch's cache); activations are new at every step and are rounded at each use. The
+// copy mirrors the weight's whole storage (element i is bf16_round of float element i), so every
+// view reads it with its own offset and strides. A write to the weight bumps its storage's version
+// and the next use makes a new copy; a storage that died is never mistaken for a new one at its
+// address. Memory: half the marked weights' bytes, for the guard's life.
+void autocast_cache_weight(const Tensor& weight);  // no-op outside a BFloat16 guard or for a non-float32 tensor
+// The bfloat16 mirror of `storage` when it is marked, made by `convert` at its first use (or after a
+// write); null when it is not marked or no guard is open: the caller rounds its own operand then.
+std::shared_ptr<Storage> autocast_bf16_mirror(const std::shared_ptr<Storage>& storage,
+                                              const std::function<std::shared_ptr<Storage>(const Storage&)>& convert);
+// This thread's mirror counts since its outermost guard opened: copies made, and uses that found one.
+struct AutocastCacheCounts {
+  int64_t copies = 0, reuses = 0;
+};
+AutocastCacheCounts autocast_cache_counts();
 
 // float32 -> bfloat16 bits, round to nearest even; a NaN stays a (quiet) NaN. Inline and
 // branch-free so that the gemm's conversion loop vectorizes.

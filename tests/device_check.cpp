@@ -848,6 +848,26 @@ void check_bf16(Device device) {
     near(out, want, "bf16 linear on " + device_name(device) + " differs");
     ++n;
   }
+  {  // a training step's use: the weight's copy kept for the guard (Note [Autocast weight cache]),
+     // read again in its other layout by the backward's d x = g W
+    Tensor x = randn({4, 9, 48}, kFloat32, &g), w = randn({20, 48}, kFloat32, &g), gy = randn({4, 9, 20}, kFloat32, &g);
+    Tensor xd = x.to(device).requires_grad_(), wd = w.to(device).requires_grad_();
+    Tensor out;
+    AutocastCacheCounts counts;
+    {
+      AutocastGuard guard(Precision::BFloat16, device);
+      Tensor x_act = mul(xd, 1.0);  // an activation, not kept
+      out = linear(x_act, wd, Tensor());
+      sum(mul(out, gy.to(device))).backward();
+      counts = autocast_cache_counts();
+    }
+    const std::string where = "bf16 linear's forward and backward in one guard on " + device_name(device);
+    expect(counts.copies == 1 && counts.reuses == 1,
+           fmt::format("{}: {} weight copies and {} reuses, expected 1 and 1", where, counts.copies, counts.reuses));
+    near(out, matmul(rounded(x), rounded(w).t()), where + ": the output differs");
+    near(xd.grad(), matmul(rounded(gy), rounded(w)), where + ": d x differs");
+    ++n;
+  }
   std::printf("device_check: %zu bf16 autocast cases on %s match the float64 product of the rounded operands\n", n,
               device_name(device).c_str());
 }

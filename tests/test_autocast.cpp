@@ -259,3 +259,100 @@ TEST_CASE("autocast: a GPT's bfloat16 loss is close to float32's, and it learns"
   CHECK(std::fabs(first - fp32) < 0.02 * fp32);
   CHECK(last < 0.5 * first);
 }
+
+TEST_CASE("autocast: a weight's bfloat16 copy is made once per guard and follows writes (Note [Autocast weight cache])") {
+  if (!bf16_supported()) return;
+  manual_seed(13);
+  Tensor w = randn({12, 16}).requires_grad_(true), b = randn({12}).requires_grad_(true);
+  Tensor x0 = randn({5, 16}).requires_grad_(true);
+  Tensor g = randn({5, 12});
+  // The same products from a copy of the weight that is not marked (it needs no gradient), so it
+  // is rounded at each use: the reference for every cached result below.
+  auto plain_linear = [&](const Tensor& x, const Tensor& weight) {
+    AutocastGuard bf16;
+    return linear(x, weight.detach().clone(), b.detach());
+  };
+
+  SUBCASE("forward and backward in one guard: one copy, and the backward reuses it") {
+    Tensor y;
+    {
+      AutocastGuard bf16;
+      Tensor x = x0 * 2.0;  // an activation: rounded at each use, never kept
+      y = linear(x, w, b);
+      (y * g).sum().backward();
+      CHECK(autocast_cache_counts().copies == 1);
+      CHECK(autocast_cache_counts().reuses == 1);  // d x = g W reads W's kept copy in its other layout
+    }
+    CHECK(max_diff(y, plain_linear(x0.detach() * 2.0, w)) == 0);
+    Tensor x1 = (x0.detach() * 2.0).requires_grad_(true);
+    {
+      AutocastGuard bf16;
+      (linear(x1, w.detach(), b.detach()) * g).sum().backward();
+    }
+    CHECK(max_diff(x0.grad(), x1.grad() * 2.0) == 0);
+  }
+  SUBCASE("every further use, tied or not, reads the same copy; a new guard starts afresh") {
+    Tensor x = x0.detach();
+    AutocastGuard bf16;
+    Tensor y1 = linear(x, w, b), y2 = linear(x, w, b);
+    Tensor tied = matmul(x, w.t());  // the transpose view: the same storage, the same copy
+    CHECK(autocast_cache_counts().copies == 1);
+    CHECK(autocast_cache_counts().reuses == 2);
+    CHECK(max_diff(y1, y2) == 0);
+    CHECK(max_diff(add(tied, b), plain_linear(x, w)) < 1e-5);
+    {
+      AutocastGuard inner;  // nested: the outer guard's cache
+      linear(x, w, b);
+    }
+    CHECK(autocast_cache_counts().reuses == 3);
+  }
+  SUBCASE("a write to the weight inside the guard makes a new copy") {
+    Tensor x = x0.detach();
+    AutocastGuard bf16;
+    Tensor y1 = linear(x, w, b);
+    {
+      NoGradGuard no_grad;
+      w.mul_(2.0);  // an optimizer step inside the guard: the version moves
+    }
+    Tensor y2 = linear(x, w, b);
+    CHECK(autocast_cache_counts().copies == 2);
+    CHECK(max_diff(y2, plain_linear(x, w)) == 0);
+    CHECK(max_diff(y2, y1) > 0.1);
+  }
+  SUBCASE("a weight that died is not mistaken for a new storage at its address") {
+    AutocastGuard bf16;
+    {
+      Tensor dying = randn({12, 16}).requires_grad_(true);
+      linear(x0.detach(), dying, b.detach());
+    }
+    for (int i = 0; i < 4; ++i) {  // the allocator likely hands the same block out again
+      Tensor fresh = randn({12, 16});
+      CHECK(max_diff(linear(x0.detach(), fresh, b.detach()), plain_linear(x0.detach(), fresh)) == 0);
+    }
+    CHECK(autocast_cache_counts().copies == 1);
+  }
+  SUBCASE("the emulated device keeps its own copy, with the CPU's values") {
+    Tensor we = w.detach().to(Device::Emulated).requires_grad_(true);
+    Tensor y;
+    {
+      AutocastGuard bf16(Precision::BFloat16, Device::Emulated);
+      y = linear(x0.detach().to(Device::Emulated), we, b.detach().to(Device::Emulated));
+      linear(x0.detach().to(Device::Emulated), we, b.detach().to(Device::Emulated));
+      CHECK(autocast_cache_counts().copies == 1);
+      CHECK(autocast_cache_counts().reuses == 1);
+    }
+    CHECK(max_diff(y.cpu(), plain_linear(x0.detach(), w)) == 0);
+  }
+  SUBCASE("a GPT step: each weight copied once, and read again by its backward") {
+    models::GPTConfig c = models::GPTConfig::named("tiny", 30);
+    c.block_size = 8, c.dropout = 0.0;
+    models::GPT model(c);
+    Tensor ids = randint(0, 30, {2, 9});
+    AutocastGuard bf16;
+    model.loss(ids.slice(1, 0, 8).contiguous(), ids.slice(1, 1, 9).contiguous()).backward();
+    const AutocastCacheCounts n = autocast_cache_counts();
+    CHECK(n.copies > 0);
+    CHECK(n.copies <= static_cast<int64_t>(model.parameters().size()));
+    CHECK(n.reuses >= n.copies);
+  }
+}

@@ -216,21 +216,23 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// A matrix's descriptor: rows x cols bfloat16, packed in its storage order (read transposed when
-// `trans`, i.e. stored cols x rows).
-memory::desc bf16_desc(int64_t rows, int64_t cols, bool trans) {
-  return memory::desc({rows, cols}, memory::data_type::bf16, trans ? memory::dims{1, rows} : memory::dims{cols, 1});
+// A matrix's descriptor: rows x cols bfloat16 in its storage order with leading dimension ld (read
+// transposed when `trans`, i.e. stored cols x rows).
+memory::desc bf16_desc(int64_t rows, int64_t cols, bool trans, int64_t ld) {
+  return memory::desc({rows, cols}, memory::data_type::bf16, trans ? memory::dims{1, ld} : memory::dims{ld, 1});
 }
 
 // One primitive per shape and layout, per thread (oneDNN's own cache would also serve, but its key
 // is built from the descriptors on every call).
-dnnl::matmul& bf16_matmul(int64_t m, int64_t n, int64_t k, bool ta, bool tb, int64_t ldc) {
-  thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int64_t>, dnnl::matmul> cache;
-  auto key = std::make_tuple(m, n, k, ta, tb, ldc);
+dnnl::matmul& bf16_matmul(int64_t m, int64_t n, int64_t k, bool ta, int64_t lda, bool tb, int64_t ldb, int64_t ldc) {
+  thread_local std::map<std::tuple<int64_t, int64_t, int64_t, bool, int64_t, bool, int64_t, int64_t>, dnnl::matmul>
+      cache;
+  auto key = std::make_tuple(m, n, k, ta, lda, tb, ldb, ldc);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   memory::desc dst({m, n}, memory::data_type::f32, memory::dims{ldc, 1});
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(bf16_desc(m, k, ta), bf16_desc(k, n, tb), dst), cpu_engine());
+  dnnl::matmul::primitive_desc pd(
+      dnnl::matmul::desc(bf16_desc(m, k, ta, lda), bf16_desc(k, n, tb, ldb), dst), cpu_engine());
   return cache.emplace(key, dnnl::matmul(pd)).first->second;
 }
 
@@ -245,8 +247,14 @@ void to_bf16(const float* x, int64_t ld, int64_t rows, int64_t cols, uint16_t* o
 }  // namespace
 #endif
 
+void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
+  parallel_for(0, n, kGrainSize, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = bf16_round(x[i]);
+  });
+}
+
 void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-               int64_t ldb, float* c, int64_t ldc) {
+               int64_t ldb, float* c, int64_t ldc, const uint16_t* a16_given, const uint16_t* b16_given) {
   std::string why;
   TP_CHECK(bf16_hardware(&why), "matmul in bfloat16: {}", why);
 #ifdef TAPESTRY_WITH_ONEDNN
@@ -256,23 +264,33 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a
     return;
   }
   signal_stacks();
-  thread_local std::vector<uint16_t> a16, b16;
-  a16.resize(static_cast<size_t>(m * k));
-  b16.resize(static_cast<size_t>(k * n));
   // Packed in storage order; oneDNN reads the transposes from the descriptors' strides.
-  if (ta) to_bf16(a, lda, k, m, a16.data());
-  else to_bf16(a, lda, m, k, a16.data());
-  if (tb) to_bf16(b, ldb, n, k, b16.data());
-  else to_bf16(b, ldb, k, n, b16.data());
-  dnnl::matmul& mm = bf16_matmul(m, n, k, ta, tb, ldc);
+  thread_local std::vector<uint16_t> a16, b16;
+  const uint16_t* pa = a16_given;
+  const uint16_t* pb = b16_given;
+  if (!pa) {
+    a16.resize(static_cast<size_t>(m * k));
+    if (ta) to_bf16(a, lda, k, m, a16.data());
+    else to_bf16(a, lda, m, k, a16.data());
+    pa = a16.data(), lda = ta ? m : k;
+  }
+  if (!pb) {
+    b16.resize(static_cast<size_t>(k * n));
+    if (tb) to_bf16(b, ldb, n, k, b16.data());
+    else to_bf16(b, ldb, k, n, b16.data());
+    pb = b16.data(), ldb = tb ? k : n;
+  }
+  dnnl::matmul& mm = bf16_matmul(m, n, k, ta, lda, tb, ldb, ldc);
   memory::desc dst({m, n}, memory::data_type::f32, memory::dims{ldc, 1});
   thread_local dnnl::stream stream(cpu_engine());
-  memory src_m(bf16_desc(m, k, ta), cpu_engine(), a16.data()), wei_m(bf16_desc(k, n, tb), cpu_engine(), b16.data()),
-      dst_m(dst, cpu_engine(), c);
+  // oneDNN's memory objects take non-const handles; it only reads the operands.
+  memory src_m(bf16_desc(m, k, ta, lda), cpu_engine(), const_cast<uint16_t*>(pa)),
+      wei_m(bf16_desc(k, n, tb, ldb), cpu_engine(), const_cast<uint16_t*>(pb)), dst_m(dst, cpu_engine(), c);
   mm.execute(stream, {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, wei_m}, {DNNL_ARG_DST, dst_m}});
   stream.wait();
 #else
   (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)c, (void)ldc;
+  (void)a16_given, (void)b16_given;
 #endif
 }
 

@@ -2,6 +2,8 @@
 // passed to the gemm as transposes and leading dimensions; only a layout that no gemm call can
 // read (e.g. both strides > 1) is copied first. Under an AutocastGuard (ops/autocast.h) float32
 // operands multiply in bfloat16.
+#include <memory>
+
 #include "tapestry/ops/autocast.h"
 #include "tapestry/ops/cpu/gemm.h"
 #include "tapestry/ops/cpu/loops.h"
@@ -55,16 +57,35 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   std::vector<int64_t> off_a = batch_offsets(a), off_b = batch_offsets(b);
 
   const bool bf16 = a.dtype() == DType::Float32 && autocast_precision() == Precision::BFloat16;
+  // A weight's bfloat16 mirror, kept for the guard's life (Note [Autocast weight cache]): read at
+  // the operand's own offsets, in its layout. Null for an operand rounded at each use.
+  std::shared_ptr<Storage> mirror_a, mirror_b;
+  if (bf16) {
+    auto round_storage = [](const Storage& s) {
+      const int64_t n = static_cast<int64_t>(s.nbytes / sizeof(float));
+      auto m = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(n, 1)) * 2, s.device);
+      round_to_bf16(static_cast<const float*>(s.data), n, static_cast<uint16_t*>(m->data));
+      return m;
+    };
+    mirror_a = autocast_bf16_mirror(a.impl().storage, round_storage);
+    mirror_b = autocast_bf16_mirror(b.impl().storage, round_storage);
+  }
+  auto mirrored = [](const std::shared_ptr<Storage>& m, const Tensor& t, int64_t off) -> const uint16_t* {
+    return m ? static_cast<const uint16_t*>(m->data) + t.offset() + off : nullptr;
+  };
   dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* pa = a.data_ptr<T>();
     const T* pb = b.data_ptr<T>();
     T* pc = out.data_ptr<T>();
     auto one = [&](int64_t i) {
-      const T* ai = pa + off_a[static_cast<size_t>(i)];
-      const T* bi = pb + off_b[static_cast<size_t>(i)];
+      const int64_t oa = off_a[static_cast<size_t>(i)], ob = off_b[static_cast<size_t>(i)];
+      const T* ai = pa + oa;
+      const T* bi = pb + ob;
       if constexpr (std::is_same_v<T, float>) {
-        if (bf16) return gemm_bf16(la.trans, lb.trans, M, N, K, ai, la.ld, bi, lb.ld, pc + i * M * N, N);
+        if (bf16)
+          return gemm_bf16(la.trans, lb.trans, M, N, K, ai, la.ld, bi, lb.ld, pc + i * M * N, N,
+                           mirrored(mirror_a, a, oa), mirrored(mirror_b, b, ob));
       }
       gemm(la.trans, lb.trans, M, N, K, T(1), ai, la.ld, bi, lb.ld, T(0), pc + i * M * N, N);
     };

@@ -3,8 +3,9 @@
 // (gemm_batched). Strided operands go in as transposes and leading dimensions, as on the CPU
 // (the same gemm_layout rules); a batch whose matrices are not evenly spaced (a broadcast over
 // some batch dims but not others) is first copied to an evenly spaced one. Under autocast to
-// bfloat16 (ops/autocast.h), float32 operands are rounded to contiguous bfloat16 copies and
-// multiplied by cuBLAS with float32 accumulation and a float32 result, as PyTorch's CUDA autocast.
+// bfloat16 (ops/autocast.h), float32 operands are rounded to contiguous bfloat16 copies (a weight
+// reads its kept mirror instead, Note [Autocast weight cache]) and multiplied by cuBLAS with
+// float32 accumulation and a float32 result, as PyTorch's CUDA autocast.
 #include <cuda_bf16.h>
 
 #include <memory>
@@ -69,21 +70,36 @@ std::shared_ptr<Storage> bf16_copy(const Tensor& view) {
   return out;
 }
 
-// C (float32) = A B over `batch` matrices from bfloat16 operands, float32 accumulation; A, B and
-// C row-major and contiguous (a stride of 0 repeats one matrix).
-void gemm_bf16_batched(int64_t M, int64_t N, int64_t K, const void* A, int64_t stride_a, const void* B,
-                       int64_t stride_b, float* C, int64_t batch) {
-  TP_CHECK(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && batch <= INT32_MAX,
-           "matmul: a matrix dimension or batch count above 2^31 is beyond cuBLAS");
+// C (float32, row-major, contiguous) = op(A) op(B) over `batch` matrices from bfloat16 operands,
+// float32 accumulation; the operands' layouts as gemm_batched's (a stride of 0 repeats one matrix).
+void gemm_bf16_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
+                       int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, float* C, int64_t batch) {
+  TP_CHECK(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && batch <= INT32_MAX && lda <= INT32_MAX &&
+               ldb <= INT32_MAX,
+           "matmul: a matrix dimension, leading dimension or batch count above 2^31 is beyond cuBLAS");
   const float one = 1.0f, zero = 0.0f;
   runtime::count_launch();
-  TP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas(), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N),
+  // Column-major C^T (N x M) = op(B)^T op(A)^T, as gemm_batched.
+  TP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                             trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
                                              static_cast<int>(M), static_cast<int>(K), &one, B, CUDA_R_16BF,
-                                             static_cast<int>(std::max<int64_t>(N, 1)), stride_b, A, CUDA_R_16BF,
-                                             static_cast<int>(std::max<int64_t>(K, 1)), stride_a, &zero, C,
+                                             static_cast<int>(std::max<int64_t>(ldb, 1)), stride_b, A, CUDA_R_16BF,
+                                             static_cast<int>(std::max<int64_t>(lda, 1)), stride_a, &zero, C,
                                              CUDA_R_32F, static_cast<int>(std::max<int64_t>(N, 1)), M * N,
                                              static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                   "matmul");
+}
+
+// A float32 storage's bfloat16 mirror (element i rounded from element i): a weight's copy kept for
+// the guard's life (Note [Autocast weight cache]).
+std::shared_ptr<Storage> bf16_mirror(const Storage& s) {
+  const int64_t n = static_cast<int64_t>(s.nbytes / sizeof(float));
+  auto out = std::make_shared<Storage>(static_cast<size_t>(std::max<int64_t>(n, 1)) * 2, s.device);
+  const StridedIndexer<1> ix = make_indexer<1>(Shape{n}, std::array<Shape, 1>{Shape{1}});
+  to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(static_cast<const float*>(s.data), ix,
+                                                            static_cast<__nv_bfloat16*>(out->data), n);
+  TP_CUDA_LAUNCHED("matmul");
+  return out;
 }
 
 // t's matrices over the broadcast batch shape: the view [batch..., rows, cols] (stride 0 on
@@ -153,15 +169,28 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   std::tie(b, step_b, lb) = prepare(b_in, K, N);
   const int64_t n_batch = shape_numel(batch);
   if (a.dtype() == DType::Float32 && autocast_precision() == Precision::BFloat16) {
-    // One matrix when the batch repeats it (step 0), else every matrix, contiguous.
-    auto rounded = [&](const Tensor& view, int64_t step) {
-      if (step != 0 || view.dim() == 2) return bf16_copy(view);
-      // Step 0: every batch index reads the same matrix, the one at the view's offset.
-      return bf16_copy(make_tensor(view.impl().storage, {view.size(-2), view.size(-1)},
-                                   {view.stride(-2), view.stride(-1)}, view.offset(), view.dtype()));
+    // A weight reads its kept mirror in its own layout (Note [Autocast weight cache]); any other
+    // operand is rounded now into a contiguous copy: one matrix when the batch repeats it (step
+    // 0), else every matrix.
+    struct Operand {
+      std::shared_ptr<Storage> keep;
+      const __nv_bfloat16* data;
+      bool trans;
+      int64_t ld, step;
     };
-    const std::shared_ptr<Storage> a16 = rounded(a, step_a), b16 = rounded(b, step_b);
-    gemm_bf16_batched(M, N, K, a16->data, step_a == 0 ? 0 : M * K, b16->data, step_b == 0 ? 0 : K * N,
+    auto operand = [&](const Tensor& view, int64_t step, const MatLayout& layout, int64_t rows, int64_t cols) {
+      if (std::shared_ptr<Storage> m = autocast_bf16_mirror(view.impl().storage, bf16_mirror))
+        return Operand{m, static_cast<const __nv_bfloat16*>(m->data) + view.offset(), layout.trans, layout.ld, step};
+      std::shared_ptr<Storage> copy =
+          step != 0 || view.dim() == 2
+              ? bf16_copy(view)
+              // Step 0: every batch index reads the same matrix, the one at the view's offset.
+              : bf16_copy(make_tensor(view.impl().storage, {view.size(-2), view.size(-1)},
+                                      {view.stride(-2), view.stride(-1)}, view.offset(), view.dtype()));
+      return Operand{copy, static_cast<const __nv_bfloat16*>(copy->data), false, cols, step == 0 ? 0 : rows * cols};
+    };
+    const Operand oa = operand(a, step_a, la, M, K), ob = operand(b, step_b, lb, K, N);
+    gemm_bf16_batched(oa.trans, ob.trans, M, N, K, oa.data, oa.ld, oa.step, ob.data, ob.ld, ob.step,
                       out.data_ptr<float>(), n_batch);
     return out;
   }

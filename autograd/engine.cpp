@@ -189,6 +189,16 @@ void run_backward(const Tensor& root, const Tensor& grad_in, bool retain_graph) 
       release_edges();
       continue;
     }
+    if (std::shared_ptr<TensorImpl> out = node->retained.lock()) {  // retain_grad(): a copy, summed over backwards
+      if (out->grad) {
+        Tensor acc(out->grad);
+        kernels::binary_("retain_grad", kernels::Binary::Add, acc, g);
+      } else {
+        Tensor copy = empty(g.sizes(), g.options());
+        kernels::copy_(copy, g);
+        out->grad = copy.impl_ptr();
+      }
+    }
 
     if (node->leaf) {  // AccumulateGrad
       TensorImpl& leaf = *node->leaf;

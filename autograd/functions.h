@@ -128,9 +128,12 @@ Tensor to(const Tensor& a, Device device);  // a copy on device (a itself when a
 
 // ---- indexing and joining (ops_index.cpp)
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
-// weight [V, D], ids int64 of any shape -> [*ids.shape, D]. The padding_idx row (if >= 0)
-// gets no gradient, as in PyTorch.
-Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx = -1);
+// weight [V, D], ids int64 of any shape -> [*ids.shape, D]. The padding_idx row gets no gradient,
+// as in PyTorch: none by default (PyTorch's None), a negative index counts from the end (-1 is the
+// last row), anything outside [-V, V) is refused.
+Tensor embedding(const Tensor& weight, const Tensor& ids, std::optional<int64_t> padding_idx = std::nullopt);
+// padding_idx in [0, rows): a negative one counted from the end; refused (naming `op`) outside [-rows, rows).
+int64_t normalize_padding_idx(const char* op, int64_t padding_idx, int64_t rows);
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
 // A copy of a with src's elements written (scatter) or added (scatter_add) at the indices along
 // dim, as torch.scatter / torch.scatter_add: out[..index[i][j]..][j] = src[i][j] for dim 0.

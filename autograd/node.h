@@ -28,6 +28,7 @@ struct Node {
   BackwardFn backward;                       // empty once released (see retain_graph)
   bool released = false;
   std::shared_ptr<TensorImpl> leaf;          // AccumulateGrad nodes: the leaf to accumulate into
+  std::weak_ptr<TensorImpl> retained;        // the output that called retain_grad(): its grad sums this node's
 
   Node() = default;
   Node(const Node&) = delete;

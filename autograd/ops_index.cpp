@@ -15,13 +15,18 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   });
 }
 
-Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx) {
+int64_t normalize_padding_idx(const char* op, int64_t padding_idx, int64_t rows) {
+  TP_CHECK(padding_idx >= -rows && padding_idx < rows,
+           "{}: padding_idx {} is out of range for {} rows (expected [-{}, {}); a negative index counts from the end, "
+           "as in PyTorch; leave it unset for no padding row)",
+           op, padding_idx, rows, rows, rows);
+  return padding_idx < 0 ? padding_idx + rows : padding_idx;
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& ids, std::optional<int64_t> padding) {
   TP_CHECK(weight.dim() == 2, "embedding: weight must be 2-D [vocab, dim], got shape {}", weight.sizes());
   TP_CHECK(ids.dtype() == DType::Int64, "embedding: ids must be int64, got {} {}", ids.dtype(), ids.sizes());
-  // -1 means no padding row (PyTorch's None); PyTorch's negative padding_idx counting from the end is not supported.
-  TP_CHECK(padding_idx >= -1 && padding_idx < weight.size(0),
-           "embedding: padding_idx {} is out of range for a weight of {} rows (expected -1 for none, or [0, {}))",
-           padding_idx, weight.size(0), weight.size(0));
+  const int64_t padding_idx = padding ? normalize_padding_idx("embedding", *padding, weight.size(0)) : -1;
   Tensor flat = kernels::contiguous(ids);
   flat = make_tensor(flat.impl().storage, {flat.numel()}, {1}, flat.offset(), DType::Int64);
   Tensor rows = kernels::index_select("embedding", weight, 0, flat);  // (N, D)

@@ -9,6 +9,25 @@ namespace tapestry {
 
 std::string Tensor::grad_fn_name() const { return grad_fn() ? grad_fn()->name : ""; }
 
+Tensor Tensor::grad() const {
+  const TensorImpl& i = impl();
+  TP_CHECK(i.grad || !i.grad_fn || retains_grad(),
+           "grad(): the tensor of shape {} is not a leaf (it was made by {}), and backward() keeps no gradient for "
+           "non-leaf tensors; call retain_grad() on it before backward(), or read the gradient of a leaf",
+           sizes(), i.grad_fn->name);
+  return i.grad ? Tensor(i.grad) : Tensor();
+}
+
+void Tensor::retain_grad() const {
+  TP_CHECK(requires_grad(), "retain_grad: the tensor of shape {} does not require grad", sizes());
+  if (!is_leaf()) grad_fn()->retained = impl_ptr();
+}
+
+bool Tensor::retains_grad() const {
+  const std::shared_ptr<Node>& fn = impl().grad_fn;
+  return fn && fn->retained.lock() == impl_ptr();
+}
+
 void Tensor::backward(const Tensor& grad, bool retain_graph) const { run_backward(*this, grad, retain_graph); }
 
 HookHandle Tensor::register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook) const {
@@ -91,6 +110,11 @@ Tensor Tensor::abs() const { return tapestry::abs(*this); }
 Tensor Tensor::neg() const { return tapestry::neg(*this); }
 Tensor Tensor::pow(double e) const { return tapestry::pow(*this, e); }
 Tensor Tensor::clamp(double lo, double hi) const { return tapestry::clamp(*this, lo, hi); }
+Tensor Tensor::clamp_min(double lo) const { return tapestry::clamp_min(*this, lo); }
+Tensor Tensor::log1p() const { return tapestry::log1p(*this); }
+Tensor Tensor::expm1() const { return tapestry::expm1(*this); }
+Tensor Tensor::softplus(double beta, double threshold) const { return tapestry::softplus(*this, beta, threshold); }
+Tensor Tensor::logsumexp(int64_t dim, bool keepdim) const { return tapestry::logsumexp(*this, dim, keepdim); }
 Tensor Tensor::sum() const { return tapestry::sum(*this); }
 Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim) const { return tapestry::sum(*this, dims, keepdim); }
 Tensor Tensor::mean() const { return tapestry::mean(*this); }

@@ -42,9 +42,10 @@ class TensorDataset {
 std::vector<TensorDataset> random_split(const TensorDataset& dataset, const std::vector<int64_t>& lengths,
                                         uint64_t seed);
 
+// Defaults as torch.utils.data.DataLoader's: batches of 1, in the dataset's order.
 struct DataLoaderOptions {
-  int64_t batch_size = 64;
-  bool shuffle = true;     // a fresh order each epoch, from (seed, epoch)
+  int64_t batch_size = 1;
+  bool shuffle = false;    // true: a fresh order each epoch, from (seed, epoch)
   bool drop_last = false;  // drop a last batch smaller than batch_size
   uint64_t seed = 0;
 };

@@ -2,6 +2,7 @@
 // order, so results do not depend on the thread count), then the pixels moved in parallel.
 #include "tapestry/data/transforms.h"
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -70,6 +71,24 @@ Tensor random_horizontal_flip(const Tensor& images, Generator& gen, double p) {
     }
   });
   return out;
+}
+
+Tensor normalize(const Tensor& images, const std::vector<double>& mean, const std::vector<double>& std) {
+  TP_CHECK(images.dim() == 3 || images.dim() == 4, "normalize: images must be [B, C, H, W] or [C, H, W], got shape {}",
+           images.sizes());
+  TP_CHECK(is_floating(images.dtype()), "normalize: images must be floating-point, got {} (convert with .to(kFloat32))",
+           images.dtype());
+  const int64_t C = images.size(images.dim() - 3);
+  auto per_channel = [&](const char* what, const std::vector<double>& v) {
+    TP_CHECK(v.size() == 1 || static_cast<int64_t>(v.size()) == C,
+             "normalize: {} has {} values for images of {} channels (shape {}); give one per channel, or one", what,
+             v.size(), C, images.sizes());
+    for (double x : v) TP_CHECK(std::isfinite(x), "normalize: {} holds {}, not a finite number", what, x);
+    std::vector<double> full = v.size() == 1 ? std::vector<double>(static_cast<size_t>(C), v[0]) : v;
+    return tensor(full, {C, 1, 1}, TensorOptions(images.dtype(), images.device()));
+  };
+  for (double s : std) TP_CHECK(s > 0, "normalize: std holds {}; every std must be above 0", s);
+  return div(sub(images, per_channel("mean", mean)), per_channel("std", std));
 }
 
 }  // namespace tapestry::data

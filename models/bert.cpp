@@ -44,6 +44,7 @@ Bert::Bert(const BertConfig& c) : config(c) {
   embed_norm = register_module("embed_norm", std::make_shared<nn::LayerNorm>(c.d_model, c.ln_eps));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
   nn::TransformerEncoderLayerOptions layer(c.d_model, c.heads);
+  layer.batch_first = true;
   layer.dim_feedforward = c.d_ff;
   layer.dropout = c.dropout;
   layer.activation = "gelu";
@@ -62,7 +63,7 @@ Bert::Bert(const BertConfig& c) : config(c) {
       if (linear->bias.defined()) nn::init::zeros_(linear->bias);
     } else if (auto* emb = dynamic_cast<nn::Embedding*>(&m)) {
       nn::init::normal_(emb->weight, 0.0, 0.02);
-      if (emb->padding_idx >= 0) emb->weight.select(0, emb->padding_idx).zero_();
+      if (emb->padding_idx) emb->weight.select(0, *emb->padding_idx).zero_();
     }
   });
 }

@@ -171,7 +171,7 @@ std::vector<Hypothesis> beam_search(Transformer& model, const Tensor& src, int64
     // search's ranking (ties: lower beam, then lower token) without [rows, V] doubles per step.
     const int64_t M = std::min<int64_t>(2 * K, V);
     auto [top_lp, top_tokens] = topk(lp, M, -1, /*largest=*/true, /*sorted=*/true);
-    Tensor top_scores = top_lp.to(DType::Float64) + tensor(scores, {rows, 1}).to(lp.device());
+    Tensor top_scores = top_lp.to(DType::Float64) + tensor(scores, {rows, 1}, kFloat64).to(lp.device());
     const std::vector<double> top = stack({top_scores, top_tokens.to(DType::Float64)}, 0).to_vector<double>();
     // Row r of the next step continues row origin[r]; only the sentences still going keep rows.
     std::vector<int64_t> origin, next_active, kept;  // kept: positions in active of next_active

@@ -40,6 +40,7 @@ void TransformerConfig::validate() const {
 
 nn::TransformerEncoderLayerOptions encoder_layer_options(const TransformerConfig& c) {
   nn::TransformerEncoderLayerOptions o(c.d_model, c.heads);
+  o.batch_first = true;
   o.dim_feedforward = c.d_ff, o.dropout = c.dropout, o.norm_first = c.pre_norm;
   return o;
 }

@@ -47,6 +47,7 @@ ViT::ViT(const ViTConfig& c) : config(c) {
   register_parameter("pos_embed", pos_embed, zeros({1, c.patches() + 1, c.d_model}));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
   nn::TransformerEncoderLayerOptions layer(c.d_model, c.heads);
+  layer.batch_first = true;
   layer.dim_feedforward = c.d_ff;
   layer.dropout = c.dropout;
   layer.activation = c.activation;

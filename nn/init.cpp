@@ -54,7 +54,7 @@ Tensor trunc_normal_(Tensor t, double mean, double std, double a, double b) {
   std::vector<double> values(static_cast<size_t>(t.numel()));
   for (double& v : values) do v = normal(engine); while (v < a || v > b);
   NoGradGuard no_grad;
-  t.copy_(tensor(values, t.sizes()));  // float64 on the host, converted and moved by copy_
+  t.copy_(tensor(values, t.sizes(), kFloat64));  // float64 on the host, converted and moved by copy_
   return t;
 }
 

@@ -54,11 +54,10 @@ Tensor Linear::transposed_weight() const {
   return c.wt;
 }
 
-Embedding::Embedding(int64_t num, int64_t dim, int64_t padding_idx_) : padding_idx(padding_idx_) {
-  TP_CHECK(padding_idx >= -1 && padding_idx < num,
-           "Embedding: padding_idx {} is out of range for {} embeddings (-1 for none)", padding_idx, num);
+Embedding::Embedding(int64_t num, int64_t dim, std::optional<int64_t> padding) {
+  if (padding) padding_idx = normalize_padding_idx("Embedding", *padding, num);
   Tensor w = randn({num, dim});
-  if (padding_idx >= 0) w.select(0, padding_idx).zero_();
+  if (padding_idx) w.select(0, *padding_idx).zero_();
   register_parameter("weight", weight, w);
 }
 
@@ -382,7 +381,8 @@ Tensor PositionwiseFeedForward::forward(const Tensor& x) const {
   return w_2->forward(dropout->forward(nn::activation(activation, w_1->forward(x))));
 }
 
-TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOptions& o) : norm_first(o.norm_first) {
+TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOptions& o)
+    : norm_first(o.norm_first), batch_first(o.batch_first) {
   TP_CHECK(o.d_model > 0 && o.nhead > 0 && o.dim_feedforward > 0,
            "TransformerEncoderLayer: d_model {}, nhead {} and dim_feedforward {} must be positive", o.d_model, o.nhead,
            o.dim_feedforward);
@@ -395,6 +395,14 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOp
 }
 
 Tensor TransformerEncoderLayer::forward(const Tensor& x, const Tensor& mask, bool is_causal) {
+  TP_CHECK(x.dim() == 3, "TransformerEncoderLayer: expected x {} of shape {}, got {}",
+           batch_first ? "(batch_first)" : "(batch_first = false, PyTorch's default)", batch_first ? "[B, T, D]" : "[T, B, D]",
+           x.sizes());
+  if (batch_first) return forward_batch_first(x, mask, is_causal);
+  return forward_batch_first(x.transpose(0, 1).contiguous(), mask, is_causal).transpose(0, 1).contiguous();
+}
+
+Tensor TransformerEncoderLayer::forward_batch_first(const Tensor& x, const Tensor& mask, bool is_causal) {
   if (!is_training() && !is_causal) {
     if (PackedRows packed = PackedRows::of(x, mask); packed.defined()) return forward_packed(x, mask, packed);
   }

@@ -46,10 +46,11 @@ class Linear : public Module {
 // no gradient (a weight tied elsewhere, as the generator's, may still move it, as in PyTorch).
 class Embedding : public Module {
  public:
-  Embedding(int64_t num_embeddings, int64_t dim, int64_t padding_idx = -1);
+  // padding_idx as PyTorch's: unset for none, a negative one counts from the end (-1: the last row).
+  Embedding(int64_t num_embeddings, int64_t dim, std::optional<int64_t> padding_idx = std::nullopt);
   Tensor forward(const Tensor& ids) const;  // int64 (...) -> (..., dim)
   Tensor weight;
-  int64_t padding_idx;
+  std::optional<int64_t> padding_idx;  // the row, in [0, num_embeddings), when there is one
 };
 
 class LayerNorm : public Module {
@@ -239,7 +240,8 @@ class Functional : public Module {
 // ---- the Transformer encoder block, one class for every encoder in the zoo (the translation
 // Transformer's, the BERT-style text encoder's, the ViT's), under PyTorch's class names (its
 // parameters keep the translation Transformer's names: see below).
-// Fields and defaults as torch.nn.TransformerEncoderLayer's (batch first: inputs are [B, T, D]).
+// Fields and defaults as torch.nn.TransformerEncoderLayer's, batch_first included: inputs are
+// [T, B, D] unless it is set (the zoo's models set it).
 struct TransformerEncoderLayerOptions {
   TransformerEncoderLayerOptions(int64_t d_model, int64_t nhead) : d_model(d_model), nhead(nhead) {}
   int64_t d_model, nhead;
@@ -248,6 +250,7 @@ struct TransformerEncoderLayerOptions {
   std::string activation = "relu";  // see activation()
   double layer_norm_eps = 1e-5;
   bool norm_first = false;  // pre-norm: x + Dropout(Sublayer(LayerNorm(x)))
+  bool batch_first = false;  // PyTorch's default: x [T, B, D]; true: [B, T, D]
 };
 
 // Self-attention then the feed-forward network, each with dropout, a residual and a LayerNorm
@@ -256,8 +259,9 @@ struct TransformerEncoderLayerOptions {
 class TransformerEncoderLayer : public Module {
  public:
   explicit TransformerEncoderLayer(const TransformerEncoderLayerOptions& options);
-  // x [B, T, D] -> [B, T, D]. mask: bool, true = masked out (a key padding mask [B, 1, 1, T], an
-  // attention mask [T, T]), as torch.nn.TransformerEncoderLayer's src_mask; is_causal masks the future.
+  // x [B, T, D] -> [B, T, D] with batch_first, else [T, B, D] -> [T, B, D]. mask: bool, true = masked
+  // out (a key padding mask [B, 1, 1, T], an attention mask [T, T], in either layout), as
+  // torch.nn.TransformerEncoderLayer's src_mask; is_causal masks the future.
   // In eval mode on the CPU with a key padding mask, everything but the attention itself skips the padded
   // rows, whose outputs are then zeros, as PyTorch's fast path (Note [Packed rows] in layers.cpp).
   Tensor forward(const Tensor& x, const Tensor& mask = Tensor(), bool is_causal = false);
@@ -265,9 +269,10 @@ class TransformerEncoderLayer : public Module {
   std::shared_ptr<PositionwiseFeedForward> ff;
   std::shared_ptr<LayerNorm> norm1, norm2;
   std::shared_ptr<Dropout> dropout;
-  bool norm_first;
+  bool norm_first, batch_first;
 
  private:
+  Tensor forward_batch_first(const Tensor& x, const Tensor& mask, bool is_causal);
   Tensor forward_packed(const Tensor& x, const Tensor& mask, const PackedRows& packed);
 };
 

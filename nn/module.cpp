@@ -74,7 +74,9 @@ Module& Module::to(DType dtype) {
     impl.strides = converted.strides();
     impl.offset = converted.offset();
     impl.dtype = dtype;
-    impl.grad.reset();
+    // The gradient follows, as PyTorch's model.double() converts .grad (a graph through the old
+    // tensor is gone: the accumulator is rebuilt at the next use).
+    if (impl.grad) impl.grad = Tensor(impl.grad).to(dtype).contiguous().impl_ptr();
     impl.grad_accumulator.reset();
   }
   return *this;
@@ -96,7 +98,7 @@ Module& Module::to(Device device) {
     impl.shape = moved.sizes();
     impl.strides = moved.strides();
     impl.offset = moved.offset();
-    impl.grad.reset();
+    if (impl.grad) impl.grad = Tensor(impl.grad).to(device).contiguous().impl_ptr();  // as to(DType)
     impl.grad_accumulator.reset();
   }
   return *this;
@@ -205,6 +207,21 @@ NamedTensors Module::state_dict() const {
   NamedTensors out = named_parameters();
   for (auto& kv : named_buffers()) out.push_back(kv);
   return out;
+}
+
+std::map<std::string, Tensor> state_map(const char* op, const NamedTensors& state) {
+  std::map<std::string, Tensor> by_name;
+  for (const auto& [name, t] : state)
+    TP_CHECK(by_name.emplace(name, t).second, "{}: the state names '{}' twice", op, name);
+  return by_name;
+}
+
+LoadResult Module::load_state_dict(const NamedTensors& state, bool strict) {
+  return load_state_dict(state_map("load_state_dict", state), strict);
+}
+
+LoadResult Module::load_state_dict(std::initializer_list<std::pair<const std::string, Tensor>> state, bool strict) {
+  return load_state_dict(NamedTensors(state.begin(), state.end()), strict);
 }
 
 LoadResult Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {

@@ -16,6 +16,8 @@
 namespace tapestry::nn {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+// The same as a map by name, for load_state_dict; a name given twice is refused, naming `op`.
+std::map<std::string, Tensor> state_map(const char* op, const NamedTensors& state);
 
 // What load_state_dict(strict = false) skipped: the model's names the state lacked, and the
 // state's names the model does not have.
@@ -99,6 +101,10 @@ class Module {
   // name must match both ways; shapes and dtypes must always match. The error lists every
   // missing, unexpected and mismatched name. Without strict, returns the names it skipped.
   LoadResult load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
+  // The same from state_dict()'s own form (load_state_dict(other.state_dict()) as in PyTorch) or a
+  // braced list; a name given twice is refused.
+  LoadResult load_state_dict(const NamedTensors& state, bool strict = true);
+  LoadResult load_state_dict(std::initializer_list<std::pair<const std::string, Tensor>> state, bool strict = true);
   // Safetensors file; written to a temp file then renamed, so a crash never leaves half a file.
   void save(const std::string& path, const std::map<std::string, std::string>& metadata = {}) const;
   LoadResult load(const std::string& path, bool strict = true);

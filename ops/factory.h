@@ -33,16 +33,24 @@ Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor full_like(const Tensor& t, double value);
-// [start, end) by step, like torch.arange: float32 from floating bounds, int64 from an integer end.
+// [start, end) by step, like torch.arange: float32 from floating bounds (or step), int64 from
+// integer ones, arange(0, 10) as arange(10).
 Tensor arange(double start, double end, double step = 1.0, TensorOptions opts = DType::Float32);
 Tensor arange(int64_t end, TensorOptions opts = DType::Int64);
+template <class S, class E, class St = int64_t,
+          std::enable_if_t<std::is_integral_v<S> && std::is_integral_v<E> && std::is_integral_v<St>, int> = 0>
+Tensor arange(S start, E end, St step = 1, TensorOptions opts = DType::Int64) {
+  return arange(static_cast<double>(start), static_cast<double>(end), static_cast<double>(step), opts);
+}
 
-// From values (copied). The shape defaults to 1-D; its element count must match.
+// From values (copied). The shape defaults to 1-D; its element count must match. As torch.tensor
+// (and libtorch's torch::tensor), floating values give float32, the default dtype, whether they
+// are written as floats or doubles: tensor({1.0, 2.0}) is float32. Pass kFloat64 to keep doubles.
 Tensor tensor(const std::vector<float>& values, const Shape& shape = {}, TensorOptions opts = DType::Float32);
-Tensor tensor(const std::vector<double>& values, const Shape& shape = {}, TensorOptions opts = DType::Float64);
+Tensor tensor(const std::vector<double>& values, const Shape& shape = {}, TensorOptions opts = DType::Float32);
 Tensor tensor(const std::vector<int64_t>& values, const Shape& shape = {}, TensorOptions opts = DType::Int64);
 Tensor tensor(std::initializer_list<float> values, const Shape& shape = {}, TensorOptions opts = DType::Float32);
-Tensor tensor(std::initializer_list<double> values, const Shape& shape = {}, TensorOptions opts = DType::Float64);
+Tensor tensor(std::initializer_list<double> values, const Shape& shape = {}, TensorOptions opts = DType::Float32);
 Tensor tensor(std::initializer_list<int64_t> values, const Shape& shape = {}, TensorOptions opts = DType::Int64);
 // Plain integer literals, tensor({2, 0, 1}), give an int64 tensor as in PyTorch.
 Tensor tensor(std::initializer_list<int> values, const Shape& shape = {}, TensorOptions opts = DType::Int64);

@@ -137,7 +137,6 @@ Tensor& Tensor::requires_grad_(bool on) {
   return *this;
 }
 
-Tensor Tensor::grad() const { return impl().grad ? Tensor(impl().grad) : Tensor(); }
 void Tensor::zero_grad() { impl().grad.reset(); }
 
 Tensor Tensor::detach() const {

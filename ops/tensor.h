@@ -106,8 +106,15 @@ class Tensor {
   bool requires_grad() const { return impl().requires_grad; }
   Tensor& requires_grad_(bool on = true);
   bool is_leaf() const { return impl().grad_fn == nullptr; }
-  Tensor grad() const;  // undefined when no gradient has been accumulated
+  // The accumulated gradient: undefined before any backward reached it. A non-leaf keeps none
+  // unless retain_grad() was called before the backward (as PyTorch): asking for it then throws,
+  // saying so, where PyTorch returns None with a warning.
+  Tensor grad() const;
   void zero_grad();     // drops the accumulated gradient (as PyTorch's set_to_none)
+  // A non-leaf that requires grad keeps its gradient in grad() from the next backward on (summed
+  // over backwards, as a leaf's). A no-op on a leaf.
+  void retain_grad() const;
+  bool retains_grad() const;
   const std::shared_ptr<Node>& grad_fn() const { return impl().grad_fn; }
   std::string grad_fn_name() const;
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
@@ -154,6 +161,11 @@ class Tensor {
   Tensor neg() const;
   Tensor pow(double exponent) const;
   Tensor clamp(double lo, double hi) const;
+  Tensor clamp_min(double lo) const;
+  Tensor log1p() const;
+  Tensor expm1() const;
+  Tensor softplus(double beta = 1.0, double threshold = 20.0) const;
+  Tensor logsumexp(int64_t dim, bool keepdim = false) const;
   Tensor sum() const;
   Tensor sum(const std::vector<int64_t>& dims, bool keepdim = false) const;
   Tensor mean() const;

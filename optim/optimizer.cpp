@@ -56,6 +56,11 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, double lr, double weight_de
     gr.end = params_.size();
     groups_.push_back(gr);
   }
+  // As PyTorch's "optimizer got an empty parameter list": usually a model whose parameters were
+  // never registered, or a filter that kept none. Empty groups among others are fine.
+  TP_CHECK(!params_.empty(), "optimizer: got an empty parameter list ({} group{}, no parameters); did the model "
+           "register its parameters (register_parameter / register_module)?", groups.size(),
+           groups.size() == 1 ? "" : "s");
 }
 
 const Optimizer::Group& Optimizer::group(size_t g) const {
@@ -125,6 +130,14 @@ std::optional<double> scalar_entry(const std::string& key, const Tensor& t, std:
 }
 
 }  // namespace
+
+void Optimizer::load_state_dict(const nn::NamedTensors& state) {
+  load_state_dict(nn::state_map("optimizer load_state_dict", state));
+}
+
+void Optimizer::load_state_dict(std::initializer_list<std::pair<const std::string, Tensor>> state) {
+  load_state_dict(nn::NamedTensors(state.begin(), state.end()));
+}
 
 void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
   std::vector<std::string> misfits;
@@ -294,9 +307,9 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions o)
 Adam::Adam(std::vector<ParamGroup> groups, AdamOptions o)
     : Optimizer(std::move(groups), checked(o).lr, o.weight_decay), options(o) {}
 
-AdamW::AdamW(std::vector<Tensor> params, AdamOptions o) : Adam(std::move(params), o) { decoupled_ = true; }
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o) : Adam(std::move(params), o) { decoupled_ = true; }
 
-AdamW::AdamW(std::vector<ParamGroup> groups, AdamOptions o) : Adam(std::move(groups), o) { decoupled_ = true; }
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions o) : Adam(std::move(groups), o) { decoupled_ = true; }
 
 void Adam::step() {
   TP_PROFILE("Adam.step");

@@ -65,6 +65,8 @@ class Optimizer {
   // existed (no "group." entries) loads into a one-group optimizer, whose ratio and weight decay
   // stay as constructed.
   void load_state_dict(const std::map<std::string, Tensor>& state);
+  void load_state_dict(const nn::NamedTensors& state);  // state_dict()'s own form; a name given twice is refused
+  void load_state_dict(std::initializer_list<std::pair<const std::string, Tensor>> state);
   // The state as a safetensors file beside the model's (atomic write, as Module::save).
   void save(const std::string& path) const;
   void load(const std::string& path);
@@ -119,12 +121,20 @@ class Adam : public Optimizer {
   bool decoupled_ = false;
 };
 
+// AdamW's options: Adam's, with PyTorch's and libtorch's AdamW default weight decay of 0.01 (Adam's
+// is 0). A separate type so that AdamW never takes AdamOptions' 0 by accident: passing AdamOptions
+// to AdamW does not compile; AdamWOptions(adam_options) says "these values, weight decay included".
+struct AdamWOptions : AdamOptions {
+  AdamWOptions() { weight_decay = 0.01; }
+  explicit AdamWOptions(const AdamOptions& o) : AdamOptions(o) {}
+};
+
 // Adam with decoupled weight decay: p *= 1 - lr wd before the Adam update (PyTorch's AdamW),
 // with each group's lr and wd.
 class AdamW : public Adam {
  public:
-  AdamW(std::vector<Tensor> params, AdamOptions options);
-  AdamW(std::vector<ParamGroup> groups, AdamOptions options);
+  AdamW(std::vector<Tensor> params, AdamWOptions options);
+  AdamW(std::vector<ParamGroup> groups, AdamWOptions options);
 };
 
 // Scales all gradients together so that their global L2 norm is at most max_norm; returns the

@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
       TP_CHECK(p.grad().defined(), "bert_parity_dump: parameter {} got no gradient", name);
       dump.emplace_back("grad." + name, p.grad().clone());
     }
-    optim::AdamOptions ao;
+    optim::AdamWOptions ao;
     ao.lr = lr, ao.weight_decay = weight_decay;
     optim::AdamW adamw(model.parameters(), ao);
     adamw.step();

@@ -416,7 +416,7 @@ void check_gpt_step(Device device, DType dtype) {
   Generator data(9);
   Tensor ids = randint(0, 50, {3, 13}, kInt64, &data);
   Tensor x = ids.narrow(1, 0, 12).contiguous(), y = ids.narrow(1, 1, 12).contiguous();
-  optim::AdamOptions ao;
+  optim::AdamWOptions ao;
   ao.lr = 2e-3, ao.beta1 = 0.9, ao.beta2 = 0.95, ao.eps = 1e-8;
   auto groups = [](models::GPT& m) {
     return std::vector<optim::ParamGroup>{{m.decay_parameters(), std::nullopt, 0.1},
@@ -466,7 +466,7 @@ void check_optimizers(Device device) {
        }},
       {"Adam", [](Mlp& m) { return std::make_unique<optim::Adam>(m.parameters(), transformer_adam()); }},
       {"AdamW with groups", [](Mlp& m) {
-         optim::AdamOptions o;
+         optim::AdamWOptions o;
          o.lr = 1e-2, o.weight_decay = 0.1;
          return std::make_unique<optim::AdamW>(
              std::vector<optim::ParamGroup>{{m.a->parameters(), 2e-2, std::nullopt}, {m.b->parameters(), std::nullopt, 0.0}}, o);
@@ -621,11 +621,11 @@ void check_regressions(Device device) {
 
 void check_runtime(Device device) {
   {  // The tolerance report names the element furthest over, both values and how many are over.
-    const std::string diff = largest_difference(tensor({1.0, 2.5, 3.0, 4.0}), tensor({1.0, 2.0, 3.0, 4.0005}), 0, 1e-3);
+    const std::string diff = largest_difference(tensor({1.0, 2.5, 3.0, 4.0}, {}, kFloat64), tensor({1.0, 2.0, 3.0, 4.0005}, {}, kFloat64), 0, 1e-3);
     expect(diff.find("1 of 4 elements") != std::string::npos && diff.find("at element 1") != std::string::npos &&
                diff.find("device 2.5, CPU 2") != std::string::npos,
            "a tolerance failure names the largest difference: " + diff);
-    expect(largest_difference(tensor({1.0}), tensor({1.0005}), 0, 1e-3).empty(), "within the tolerance: no report");
+    expect(largest_difference(tensor({1.0}, {}, kFloat64), tensor({1.0005}, {}, kFloat64), 0, 1e-3).empty(), "within the tolerance: no report");
   }
   Tensor a = ones({2, 3}, device), b = ones({2, 3});
   const std::string mixed = error_of([&] { add(a, b); });
@@ -722,7 +722,7 @@ void check_step_budget(Device device) {
   g.block_size = 64, g.dropout = 0.1;
   models::GPT gpt(g);
   gpt.to(device);
-  optim::AdamOptions go;
+  optim::AdamWOptions go;
   go.lr = 2e-3, go.beta1 = 0.9, go.beta2 = 0.95, go.eps = 1e-8, go.weight_decay = 0.1;
   optim::AdamW adamw({{gpt.decay_parameters(), std::nullopt, 0.1}, {gpt.no_decay_parameters(), std::nullopt, 0.0}}, go);
   Tensor ids = randint(0, 4000, {32, 65}, kInt64, &data);
@@ -808,7 +808,7 @@ void check_bf16(Device device) {
     std::vector<float> v = t.detach().to(Device::CPU).contiguous().to_vector<float>();
     std::vector<double> r(v.size());
     for (size_t i = 0; i < v.size(); ++i) r[i] = bf16_to_float(bf16_round(v[i]));
-    return tensor(r, t.sizes());
+    return tensor(r, t.sizes(), kFloat64);
   };
   Generator g(17);
   struct Case {

@@ -75,7 +75,7 @@ int train(testing::Checker& check, const std::string& out, const std::string& dt
   // DIST_CHECK_DEVICE=emulated: the same run on the emulated device (tests/dist.sh, section 7).
   const char* device = std::getenv("DIST_CHECK_DEVICE");
   if (device && *device) model.to(Device::parse(device));
-  optim::AdamOptions ao;
+  optim::AdamWOptions ao;
   ao.lr = 3e-3, ao.beta1 = 0.9, ao.beta2 = 0.95, ao.weight_decay = 0.1;
   optim::AdamW adamw({{model.decay_parameters(), std::nullopt, 0.1}, {model.no_decay_parameters(), std::nullopt, 0.0}},
                      ao);

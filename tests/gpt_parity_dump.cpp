@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     decay.weight_decay = weight_decay;
     no_decay.params = model.no_decay_parameters();
     no_decay.weight_decay = 0.0;
-    optim::AdamOptions ao;
+    optim::AdamWOptions ao;
     ao.lr = lr, ao.beta1 = beta1, ao.beta2 = beta2, ao.eps = eps, ao.weight_decay = 0.0;
     std::vector<optim::ParamGroup> groups{decay, no_decay};
     optim::AdamW adamw(std::move(groups), ao);

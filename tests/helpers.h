@@ -42,7 +42,7 @@ inline double max_diff(const Tensor& a, const Tensor& b) {
 // Takes `steps` AdamW steps (lr 3e-3) on the loss `loss_of` computes over `params`; returns the
 // first and the last loss (the small-data "loss falls" tests).
 template <class F> std::pair<double, double> first_and_last_loss(const std::vector<Tensor>& params, F&& loss_of, int steps) {
-  optim::AdamOptions ao;
+  optim::AdamWOptions ao;
   ao.lr = 3e-3;
   optim::AdamW opt(params, ao);
   double first = 0, last = 0;

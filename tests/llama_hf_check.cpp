@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
       dump.emplace_back("grad." + hf_key(name), p.grad().clone());
     }
     const double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
-    optim::AdamOptions ao;
+    optim::AdamWOptions ao;
     ao.lr = lr, ao.beta1 = beta1, ao.beta2 = beta2, ao.eps = eps, ao.weight_decay = 0.0;
     optim::AdamW adamw({{model->decay_parameters(), std::nullopt, weight_decay},
                         {model->no_decay_parameters(), std::nullopt, 0.0}},

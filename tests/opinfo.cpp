@@ -27,7 +27,7 @@ constexpr int64_t kEnd = std::numeric_limits<int64_t>::max();  // slice(..., end
 
 Tensor f64(const std::vector<double>& v, const Shape& s) {
   if (s.empty()) return scalar_tensor(v.at(0), kFloat64);
-  return tensor(v, s);
+  return tensor(v, s, kFloat64);
 }
 
 Tensor i64(const std::vector<int64_t>& v, const Shape& s) {

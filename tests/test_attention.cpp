@@ -405,8 +405,8 @@ TEST_CASE("scaled_dot_product_attention: a computed score equal to -1e9 keeps it
   // answer in float64: q.grad 0.19661, k.grad [-0.19661, 0.19661] (p = [1, e] / (1 + e)).
   const double e = std::exp(1.0), p0 = 1 / (1 + e), p1 = e / (1 + e), out = p0 + 2 * p1;
   const double ds0 = p0 * (1 - out), ds1 = p1 * (2 - out);
-  Tensor q = tensor({1.0}, {1, 1}).requires_grad_(), k = tensor({-1e9, -1e9 + 1}, {2, 1}).requires_grad_();
-  Tensor v = tensor({1.0, 2.0}, {2, 1}).requires_grad_();
+  Tensor q = tensor({1.0}, {1, 1}, kFloat64).requires_grad_(), k = tensor({-1e9, -1e9 + 1}, {2, 1}, kFloat64).requires_grad_();
+  Tensor v = tensor({1.0, 2.0}, {2, 1}, kFloat64).requires_grad_();
   scaled_dot_product_attention(q, k, v, Tensor(), false, 0.0, 1.0).sum().backward();
   check_values(q.grad(), {ds0 * -1e9 + ds1 * (-1e9 + 1)}, 1e-5);  // 0.19661, from terms of 2e8
   check_values(k.grad(), {ds0, ds1}, 1e-9);
@@ -419,7 +419,7 @@ TEST_CASE("scaled_dot_product_attention: a computed score equal to -1e9 keeps it
   check_values(k32.grad(), {-0.25, 0.25}, 1e-6);
   check_values(q32.grad(), {0.0}, 1e-3);
   // A score masked by the mask still gets none, whatever its value.
-  Tensor qm = tensor({1.0}, {1, 1}).requires_grad_(), km = tensor({0.5, -1.0}, {2, 1}).requires_grad_();
+  Tensor qm = tensor({1.0}, {1, 1}, kFloat64).requires_grad_(), km = tensor({0.5, -1.0}, {2, 1}, kFloat64).requires_grad_();
   scaled_dot_product_attention(qm, km, v.detach(), tensor({1, 0}, {1, 2}).gt(0.0), false, 0.0, 1.0)
       .sum()
       .backward();
@@ -577,7 +577,7 @@ TEST_CASE("MultiHeadAttention: is_causal equals the causal mask - the attention 
 
 TEST_CASE("gelu(approximate = \"tanh\"): GPT-2's formula, gradcheck, errors") {
   const std::vector<double> xs = {-4.0, -2.5, -1.0, -0.3, 0.0, 0.2, 0.9, 1.7, 3.0, 6.0};
-  Tensor x = tensor(xs, {static_cast<int64_t>(xs.size())});
+  Tensor x = tensor(xs, {static_cast<int64_t>(xs.size())}, kFloat64);
   std::vector<double> want;
   const double c = std::sqrt(2.0 / std::acos(-1.0));
   for (double v : xs) want.push_back(0.5 * v * (1.0 + std::tanh(c * (v + 0.044715 * v * v * v))));

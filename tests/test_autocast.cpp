@@ -30,7 +30,7 @@ Tensor rounded64(const Tensor& t) {
   std::vector<float> v = t.contiguous().to_vector<float>();
   std::vector<double> r(v.size());
   for (size_t i = 0; i < v.size(); ++i) r[i] = bf16_to_float(bf16_round(v[i]));
-  return tensor(r, t.sizes());
+  return tensor(r, t.sizes(), kFloat64);
 }
 
 // |a - b| <= tol * (|A| |B|) elementwise: float32 accumulation of K products.
@@ -241,7 +241,7 @@ TEST_CASE("autocast: a GPT's bfloat16 loss is close to float32's, and it learns"
   Tensor x = ids.slice(1, 0, 16).contiguous(), y = ids.slice(1, 1, 17).contiguous();
   const double fp32 = model.loss(x, y).item<double>();
   double first = 0, last = 0;
-  optim::AdamOptions ao;
+  optim::AdamWOptions ao;
   ao.lr = 3e-3;
   optim::AdamW opt(model.parameters(), ao);
   for (int step = 0; step < 40; ++step) {

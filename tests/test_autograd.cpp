@@ -6,7 +6,7 @@ using namespace tapestry;
 using namespace tapestry::testing;
 
 TEST_CASE("backward computes and accumulates gradients into leaves") {
-  Tensor x = tensor({1.0, 2.0, 3.0}).requires_grad_();
+  Tensor x = tensor({1.0, 2.0, 3.0}, {}, kFloat64).requires_grad_();
   Tensor y = sum(x * x);
   CHECK(y.grad_fn_name() == "SumBackward");
   CHECK_FALSE(y.is_leaf());
@@ -20,8 +20,8 @@ TEST_CASE("backward computes and accumulates gradients into leaves") {
 }
 
 TEST_CASE("post-accumulate-grad hooks: once per backward, with the finished gradient - removable") {
-  Tensor x = tensor({1.0, 2.0}).requires_grad_();
-  Tensor w = tensor({3.0}).requires_grad_();
+  Tensor x = tensor({1.0, 2.0}, {}, kFloat64).requires_grad_();
+  Tensor w = tensor({3.0}, {}, kFloat64).requires_grad_();
   std::vector<std::vector<double>> seen;
   std::vector<std::string> order;
   HookHandle hx = x.register_post_accumulate_grad_hook([&](const Tensor& leaf) {
@@ -45,7 +45,7 @@ TEST_CASE("post-accumulate-grad hooks: once per backward, with the finished grad
   sum(x).backward();
   CHECK(seen.size() == 2);
   // Only leaves that require grad take one.
-  Tensor plain = tensor({1.0});
+  Tensor plain = tensor({1.0}, {}, kFloat64);
   CHECK(error_of([&] { plain.register_post_accumulate_grad_hook([](const Tensor&) {}); })
             .find("is not a leaf that requires grad") != std::string::npos);
   Tensor inner = x * 2.0;
@@ -53,14 +53,14 @@ TEST_CASE("post-accumulate-grad hooks: once per backward, with the finished grad
   // A handle outliving its tensor removes nothing, and does not crash.
   HookHandle orphan;
   {
-    Tensor t = tensor({1.0}).requires_grad_();
+    Tensor t = tensor({1.0}, {}, kFloat64).requires_grad_();
     orphan = t.register_post_accumulate_grad_hook([](const Tensor&) {});
   }
   orphan.remove();
 }
 
 TEST_CASE("a shared subexpression sums its gradients (diamond graph)") {
-  Tensor x = tensor({2.0}).requires_grad_();
+  Tensor x = tensor({2.0}, {}, kFloat64).requires_grad_();
   Tensor a = x * x;            // 4
   Tensor b = a * 3.0 + a * a;  // 3a + a^2; d/dx = (3 + 2a) * 2x = 11 * 4
   b.backward(ones({1}, kFloat64));
@@ -69,8 +69,8 @@ TEST_CASE("a shared subexpression sums its gradients (diamond graph)") {
 
 TEST_CASE("broadcast inputs get gradients of their own shape") {
   Tensor a = ones({2, 3}, kFloat64).requires_grad_();
-  Tensor row = tensor({1.0, 2.0, 3.0}).requires_grad_();
-  Tensor col = tensor({1.0, 2.0}, {2, 1}).requires_grad_();
+  Tensor row = tensor({1.0, 2.0, 3.0}, {}, kFloat64).requires_grad_();
+  Tensor col = tensor({1.0, 2.0}, {2, 1}, kFloat64).requires_grad_();
   Tensor s = scalar_tensor(2.0, kFloat64).requires_grad_();
   sum(a * row * col * s).backward();
   CHECK(row.grad().sizes() == Shape{3});
@@ -83,7 +83,7 @@ TEST_CASE("broadcast inputs get gradients of their own shape") {
 
 TEST_CASE("gradients through views land in the right elements") {
   Tensor x = arange(0.0, 6.0, 1.0, kFloat64).reshape({2, 3}).detach().requires_grad_();
-  Tensor w = tensor({1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0}, {3, 2});
+  Tensor w = tensor({1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0}, {3, 2}, kFloat64);
   sum(x.t() * w).backward();  // x.t()[i][j] = x[j][i]
   check_values(x.grad(), {1, 100, 10000, 10, 1000, 100000});
   x.zero_grad();
@@ -119,7 +119,7 @@ TEST_CASE("NoGradGuard and detach stop recording") {
 }
 
 TEST_CASE("retain_graph allows a second backward - without it the error is clear") {
-  Tensor x = tensor({3.0}).requires_grad_();
+  Tensor x = tensor({3.0}, {}, kFloat64).requires_grad_();
   Tensor y = sum(exp(x));
   y.backward(Tensor(), true);
   y.backward();
@@ -130,8 +130,8 @@ TEST_CASE("retain_graph allows a second backward - without it the error is clear
 }
 
 TEST_CASE("modifying a saved tensor in place is caught at backward time") {
-  Tensor a = tensor({1.0, 2.0}).requires_grad_();
-  Tensor w = tensor({3.0, 4.0});
+  Tensor a = tensor({1.0, 2.0}, {}, kFloat64).requires_grad_();
+  Tensor w = tensor({3.0, 4.0}, {}, kFloat64);
   Tensor y = sum(a * w);  // saves w
   w.add_(1.0);
   std::string msg = error_of([&] { y.backward(); });
@@ -139,7 +139,7 @@ TEST_CASE("modifying a saved tensor in place is caught at backward time") {
   CHECK(msg.find("version is 1, expected 0") != std::string::npos);
 
   // The same through a view of the saved tensor: views share the version counter.
-  Tensor b = tensor({1.0, 2.0}).requires_grad_();
+  Tensor b = tensor({1.0, 2.0}, {}, kFloat64).requires_grad_();
   Tensor e = exp(b);  // saves its output
   Tensor loss = sum(e);
   {
@@ -168,16 +168,16 @@ TEST_CASE("misuse gives clear errors") {
 }
 
 TEST_CASE("backward with an explicit gradient, and on a leaf") {
-  Tensor x = tensor({1.0, 2.0}).requires_grad_();
-  (x * x).backward(tensor({1.0, 0.5}));
+  Tensor x = tensor({1.0, 2.0}, {}, kFloat64).requires_grad_();
+  (x * x).backward(tensor({1.0, 0.5}, {}, kFloat64));
   check_values(x.grad(), {2, 2});
-  Tensor leaf = tensor({5.0}).requires_grad_();
+  Tensor leaf = tensor({5.0}, {}, kFloat64).requires_grad_();
   leaf.backward();
   check_values(leaf.grad(), {1});
 }
 
 TEST_CASE("a deep graph does not overflow the stack") {
-  Tensor x = tensor({1.0}).requires_grad_();
+  Tensor x = tensor({1.0}, {}, kFloat64).requires_grad_();
   Tensor y = x;
   for (int i = 0; i < 20000; ++i) y = y * 1.0001;
   y.backward();
@@ -185,12 +185,12 @@ TEST_CASE("a deep graph does not overflow the stack") {
 }
 
 TEST_CASE("a branch that needs no grad is skipped - multiple outputs of split both flow") {
-  Tensor x = tensor({1.0, 2.0, 3.0, 4.0}).requires_grad_();
+  Tensor x = tensor({1.0, 2.0, 3.0, 4.0}, {}, kFloat64).requires_grad_();
   auto parts = split(x, 2);
   Tensor y = sum(parts[0] * 2.0) + sum(parts[1] * 3.0);
   y.backward();
   check_values(x.grad(), {2, 2, 3, 3});
-  Tensor c = tensor({1.0, 1.0});  // needs no grad
+  Tensor c = tensor({1.0, 1.0}, {}, kFloat64);  // needs no grad
   Tensor z = sum(c * c) + sum(x);
   x.zero_grad();
   z.backward();
@@ -223,7 +223,7 @@ TEST_CASE("a tiny MLP learns XOR with hand-written SGD") {
 }
 
 TEST_CASE("the engine refuses a backward that returns a gradient of the wrong shape") {
-  Tensor x = tensor({1.0, 2.0, 3.0}).requires_grad_();
+  Tensor x = tensor({1.0, 2.0, 3.0}, {}, kFloat64).requires_grad_();
   Tensor out;
   {
     NoGradGuard g;
@@ -243,7 +243,7 @@ TEST_CASE("changing embedding ids in place after the lookup is caught") {
 }
 
 TEST_CASE("dropping a long graph does not recurse once per node") {
-  Tensor x = tensor({1.0}).requires_grad_();
+  Tensor x = tensor({1.0}, {}, kFloat64).requires_grad_();
   Tensor y = x;
   for (int i = 0; i < 200000; ++i) y = y + 1.0;
   y = Tensor();  // frees 200000 nodes; a recursive destructor would overflow the stack

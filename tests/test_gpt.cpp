@@ -239,7 +239,7 @@ TEST_CASE("GPT: AdamW steps on one batch lower the loss - the float64 model pass
   GPT model(tiny_config());
   Generator g(5);
   Tensor ids = randint(0, 20, {4, 12}, kInt64, &g), targets = randint(0, 20, {4, 12}, kInt64, &g);
-  optim::AdamOptions ao;
+  optim::AdamWOptions ao;
   ao.lr = 1e-2;
   optim::AdamW opt(std::vector<optim::ParamGroup>{{model.decay_parameters(), std::nullopt, 0.1},
                                                   {model.no_decay_parameters(), std::nullopt, 0.0}},

@@ -127,7 +127,7 @@ TEST_CASE("LoRA training: the base bit-identical, the merged model equals base p
   nn::LoRAOptions o;
   o.rank = 2, o.alpha = 4, o.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   nn::add_lora(model, o);
-  optim::AdamOptions ao;
+  optim::AdamWOptions ao;
   ao.lr = 1e-2, ao.weight_decay = 0.1;
   optim::AdamW adamw(model.trainable_parameters(), ao);
   auto [x, y] = batch(4);
@@ -227,7 +227,7 @@ TEST_CASE("add_lora: errors before any change - rank, alpha, unknown or tied lay
 }
 
 TEST_CASE("fingerprint: names, shapes and values decide it") {
-  Tensor a = tensor(std::vector<double>{1, 2, 3}).to(DType::Float32), b = a.clone();
+  Tensor a = tensor(std::vector<double>{1, 2, 3}, {}, kFloat64).to(DType::Float32), b = a.clone();
   const std::string f = nn::fingerprint({{"w", a}});
   CHECK(f.rfind("crc32:", 0) == 0);
   CHECK(f.size() == 14);

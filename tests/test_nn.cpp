@@ -82,7 +82,7 @@ TEST_CASE("save and load round-trip through safetensors - mismatches are named")
 
 TEST_CASE("safetensors: exact bytes, all dtypes, bad files give clear errors") {
   std::string path = temp_path("t.safetensors");
-  nn::save_safetensors(path, {{"a", tensor({1.f, 2.f})}, {"b", arange(3)}, {"c", tensor({0.5}, {1, 1})},
+  nn::save_safetensors(path, {{"a", tensor({1.f, 2.f})}, {"b", arange(3)}, {"c", tensor({0.5}, {1, 1}, kFloat64)},
                               {"m", gt(tensor({1.f, -1.f}), 0.0)}, {"t", arange(6).reshape({2, 3}).t()}});
   std::ifstream in(path, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -196,24 +196,24 @@ TEST_CASE("RMSNorm and rotary_embedding: by hand, names, eps, rotation") {
   // eps unset: the dtype's machine epsilon, as torch.nn.functional.rms_norm
   const double e32 = std::numeric_limits<float>::epsilon();
   check_values(rms_norm(tensor({1e-3f, 1e-3f}), {2}), {1e-3 / std::sqrt(1e-6 + e32), 1e-3 / std::sqrt(1e-6 + e32)}, 1e-6);
-  check_values(rms_norm(tensor({3.0, 4.0}), {2}, Tensor(), 0.75), {3 / std::sqrt(13.25), 4 / std::sqrt(13.25)}, 1e-12);
+  check_values(rms_norm(tensor({3.0, 4.0}, {}, kFloat64), {2}, Tensor(), 0.75), {3 / std::sqrt(13.25), 4 / std::sqrt(13.25)}, 1e-12);
   CHECK(error_of([] { rms_norm(ones({2, 3}), {2}); }).find("rms_norm: normalized_shape [2] does not match") !=
         std::string::npos);
   CHECK(error_of([] { rms_norm(ones({2, 3}), {3}, Tensor(), -1.0); }).find("rms_norm: eps must be at least 0") !=
         std::string::npos);
 
   // A quarter turn of each pair (x[i], x[i + 2]): (1, 0) -> (0, 1); angle 0 leaves the pair.
-  Tensor c = tensor({0.0, 1.0}), s = tensor({1.0, 0.0});
-  check_values(rotary_embedding(tensor({1.0, 5.0, 0.0, 7.0}), c, s), {0, 5, 1, 7}, 1e-12);
+  Tensor c = tensor({0.0, 1.0}, {}, kFloat64), s = tensor({1.0, 0.0}, {}, kFloat64);
+  check_values(rotary_embedding(tensor({1.0, 5.0, 0.0, 7.0}, {}, kFloat64), c, s), {0, 5, 1, 7}, 1e-12);
   // Lengths are kept: a rotation.
   Generator g(3);
   Tensor x = randn({2, 3, 8}, kFloat64, &g), ang = rand({3, 4}, kFloat64, &g);
   std::vector<double> cv, sv;
   for (double a : values(ang)) cv.push_back(std::cos(6 * a)), sv.push_back(std::sin(6 * a));
-  Tensor y = rotary_embedding(x, tensor(cv, {3, 4}), tensor(sv, {3, 4}));
+  Tensor y = rotary_embedding(x, tensor(cv, {3, 4}, kFloat64), tensor(sv, {3, 4}, kFloat64));
   CHECK(values(sum(mul(y, y)))[0] == doctest::Approx(values(sum(mul(x, x)))[0]).epsilon(1e-12));
-  Tensor needs_grad = tensor(cv, {3, 4}).requires_grad_();
-  CHECK(error_of([&] { rotary_embedding(x, needs_grad, tensor(sv, {3, 4})); })
+  Tensor needs_grad = tensor(cv, {3, 4}, kFloat64).requires_grad_();
+  CHECK(error_of([&] { rotary_embedding(x, needs_grad, tensor(sv, {3, 4}, kFloat64)); })
             .find("rotary_embedding: cos and sin are tables of angles and take no gradient") != std::string::npos);
 }
 
@@ -489,14 +489,14 @@ TEST_CASE("cross_entropy: label smoothing beside a -1e9 logit is summed in doubl
   const double want = -(0.7 * (x1 - lse) + 0.3 * (x2 - lse));  // 0.67881
   for (DType dt : {DType::Float32, DType::Float64}) {
     INFO(dtype_name(dt));
-    Tensor x = tensor({-1e9, x1, x2}, {1, 3}).to(dt);
+    Tensor x = tensor({-1e9, x1, x2}, {1, 3}, kFloat64).to(dt);
     check_values(cross_entropy(x, tensor({1}), 0.3, 0, Reduction::Sum), {want}, 1e-6);
   }
 }
 
 TEST_CASE("cross_entropy: values by hand, label smoothing, ignore index, gradcheck") {
   // logits row [0, ln 2, ln 3] -> softmax [1/6, 2/6, 3/6]
-  Tensor logits = tensor({0.0, std::log(2.0), std::log(3.0), 0.0, 0.0, 0.0}, {2, 3});
+  Tensor logits = tensor({0.0, std::log(2.0), std::log(3.0), 0.0, 0.0, 0.0}, {2, 3}, kFloat64);
   Tensor target = tensor({2, 0});
   check_values(cross_entropy(logits, target), {(-std::log(0.5) - std::log(1.0 / 3)) / 2});
   check_values(cross_entropy(logits, target, 0.0, -100, Reduction::Sum), {-std::log(0.5) - std::log(1.0 / 3)});

@@ -16,6 +16,7 @@ using namespace tapestry::testing;
 namespace {
 nn::TransformerEncoderLayerOptions small_layer(bool norm_first, const std::string& act) {
   nn::TransformerEncoderLayerOptions o(8, 2);
+  o.batch_first = true;
   o.dim_feedforward = 12, o.dropout = 0.0, o.norm_first = norm_first, o.activation = act;
   return o;
 }
@@ -60,6 +61,31 @@ TEST_CASE("TransformerEncoder: PyTorch's names, post- and pre-norm, masks, gradi
   Tensor y1 = enc.forward(x, pad).select(0, 0).narrow(0, 0, 2), y2 = enc.forward(x2, pad).select(0, 0).narrow(0, 0, 2);
   CHECK(max_diff(y1, y2) < 1e-12);
   }
+}
+
+TEST_CASE("TransformerEncoderLayer: batch_first is PyTorch's, false by default: [T, B, D] in and out") {
+  CHECK_FALSE(nn::TransformerEncoderLayerOptions(8, 2).batch_first);
+  nn::TransformerEncoderLayerOptions seq_first = small_layer(false, "relu"), batch_first = seq_first;
+  seq_first.batch_first = false;
+  manual_seed(3);
+  nn::TransformerEncoder a(seq_first, 2);
+  manual_seed(3);
+  nn::TransformerEncoder b(batch_first, 2);
+  a.to(kFloat64), b.to(kFloat64);
+  a.eval(), b.eval();  // no dropout
+  Tensor x = randn({2, 3, 8}, kFloat64);  // [B, T, D]
+  Tensor pad = tensor(std::vector<int64_t>{0, 0, 1, 0, 0, 0}, {2, 1, 1, 3}).to(DType::Bool);
+  for (bool causal : {false, true}) {
+    Tensor want = b.forward(x, pad, causal);
+    Tensor got = a.forward(x.transpose(0, 1), pad, causal);  // [T, B, D], as torch's default
+    CHECK(got.sizes() == Shape{3, 2, 8});
+    CHECK(max_diff(got.transpose(0, 1), want) < 1e-12);
+  }
+  // Gradients flow through the layout change.
+  a.train();
+  Tensor xs = randn({3, 2, 8}, kFloat64).requires_grad_();
+  CHECK(gradcheck([&](const TensorList& in) { return a.forward(in[0], pad); }, {xs}));
+  CHECK(error_of([&] { a.forward(randn({3, 8}, kFloat64)); }).find("[T, B, D]") != std::string::npos);
 }
 
 TEST_CASE("TransformerEncoder in eval mode skips padded rows: each sentence as alone, zeros at padding, gradients") {
@@ -137,13 +163,13 @@ TEST_CASE("Activation modules and Functional make an MLP in Sequential") {
       .add(std::make_shared<nn::Functional>([](const Tensor& x) { return x.sum({-1}); }));
   Tensor x = randn({3, 4});
   CHECK(mlp.forward(x).sizes() == Shape{3});
-  Tensor v = tensor(std::vector<double>{-2, -0.5, 0, 0.5, 3}, {5});
+  Tensor v = tensor(std::vector<double>{-2, -0.5, 0, 0.5, 3}, {5}, kFloat64);
   CHECK(max_diff(nn::SiLU().forward(v), v * sigmoid(v)) == 0);
   CHECK(max_diff(nn::GELU("tanh").forward(v), gelu(v, "tanh")) == 0);
   CHECK(max_diff(nn::ReLU().forward(v), relu(v)) == 0);
   CHECK(max_diff(nn::activation("gelu_tanh", v), gelu(v, "tanh")) == 0);
   CHECK(gradcheck([](const TensorList& in) { return nn::activation("silu", in[0]); },
-                  {tensor(std::vector<double>{-3, -0.1, 0.2, 4}, {4}).requires_grad_()}));
+                  {tensor(std::vector<double>{-3, -0.1, 0.2, 4}, {4}, kFloat64).requires_grad_()}));
 }
 
 TEST_CASE("Module::apply visits children before parents, a shared module once") {

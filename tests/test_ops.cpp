@@ -29,13 +29,13 @@ TEST_CASE("binary ops broadcast like NumPy") {
 }
 
 TEST_CASE("unary ops match their definitions") {
-  Tensor x = tensor({-2.0, -0.5, 0.0, 0.5, 2.0});
+  Tensor x = tensor({-2.0, -0.5, 0.0, 0.5, 2.0}, {}, kFloat64);
   check_values(exp(x), {std::exp(-2.0), std::exp(-0.5), 1, std::exp(0.5), std::exp(2.0)});
-  check_values(log(tensor({1.0, M_E, 10.0})), {0, 1, std::log(10.0)});
-  check_values(sqrt(tensor({4.0, 9.0})), {2, 3});
-  check_values(rsqrt(tensor({4.0, 0.25})), {0.5, 2});
-  check_values(pow(tensor({2.0, 3.0}), 3.0), {8, 27});
-  check_values(pow(tensor({4.0}), -0.5), {0.5});
+  check_values(log(tensor({1.0, M_E, 10.0}, {}, kFloat64)), {0, 1, std::log(10.0)});
+  check_values(sqrt(tensor({4.0, 9.0}, {}, kFloat64)), {2, 3});
+  check_values(rsqrt(tensor({4.0, 0.25}, {}, kFloat64)), {0.5, 2});
+  check_values(pow(tensor({2.0, 3.0}, {}, kFloat64), 3.0), {8, 27});
+  check_values(pow(tensor({4.0}, {}, kFloat64), -0.5), {0.5});
   check_values(tanh(x), {std::tanh(-2.0), std::tanh(-0.5), 0, std::tanh(0.5), std::tanh(2.0)});
   check_values(relu(x), {0, 0, 0, 0.5, 2});
   // gelu(x) = x * Phi(x); Phi(0.5) = 0.691462461274013, Phi(2) = 0.977249868051821
@@ -43,7 +43,7 @@ TEST_CASE("unary ops match their definitions") {
                          0.5 * 0.691462461274013, 2 * 0.977249868051821});
   check_values(sigmoid(x), {1 / (1 + std::exp(2.0)), 1 / (1 + std::exp(0.5)), 0.5, 1 / (1 + std::exp(-0.5)),
                             1 / (1 + std::exp(-2.0))});
-  check_values(sigmoid(tensor({-1000.0, 1000.0})), {0, 1});  // no overflow
+  check_values(sigmoid(tensor({-1000.0, 1000.0}, {}, kFloat64)), {0, 1});  // no overflow
   check_values(abs(x), {2, 0.5, 0, 0.5, 2});
   check_values(clamp(x, -1, 1), {-1, -0.5, 0, 0.5, 1});
   check_values(abs(arange(-2.0, 2.0, 1.0, kInt64)), {2, 1, 0, 1});
@@ -84,10 +84,10 @@ TEST_CASE("reductions over any dims with keepdim") {
   CHECK(sum(arange(5)).dtype() == kInt64);
   check_values(sum(gt(arange(5), 1)), {3});
   // var with Bessel's correction: var([1,2,3,4]) = 1.6667; population: 1.25
-  Tensor v = tensor({1.0, 2.0, 3.0, 4.0});
+  Tensor v = tensor({1.0, 2.0, 3.0, 4.0}, {}, kFloat64);
   check_values(var(v), {5.0 / 3.0});
   check_values(var(v, {}, 0), {1.25});
-  check_values(var(tensor({1.0, 3.0, 2.0, 6.0}, {2, 2}), {1}), {2, 8});
+  check_values(var(tensor({1.0, 3.0, 2.0, 6.0}, {2, 2}, kFloat64), {1}), {2, 8});
   check_values(sum(zeros({0, 3}), {0}), {0, 0, 0});
 }
 
@@ -104,7 +104,7 @@ TEST_CASE("max and min give values and indices, first occurrence on ties") {
   CHECK(argmax(a.t(), 0).to_vector<int64_t>() == std::vector<int64_t>{1, 2});
   check_values(max(a), {7});
   check_values(min(a), {-2});
-  CHECK(std::isnan(max(tensor({1.0, NAN, 3.0})).item<double>()));
+  CHECK(std::isnan(max(tensor({1.0, NAN, 3.0}, {}, kFloat64)).item<double>()));
 }
 
 TEST_CASE("max, min and argmax over long rows (the vectorized path): first occurrence, NaN first, signed zeros") {
@@ -195,7 +195,7 @@ TEST_CASE("float32 gemm of every small shape (the register loop) equals float64'
 }
 
 TEST_CASE("softmax and log_softmax are stable and normalized") {
-  Tensor x = tensor({1.0, 2.0, 3.0, 1000.0, 1000.0, 1000.0}, {2, 3});
+  Tensor x = tensor({1.0, 2.0, 3.0, 1000.0, 1000.0, 1000.0}, {2, 3}, kFloat64);
   double z = std::exp(1.0) + std::exp(2.0) + std::exp(3.0);
   check_values(softmax(x, 1), {std::exp(1.0) / z, std::exp(2.0) / z, std::exp(3.0) / z, 1 / 3.0, 1 / 3.0, 1 / 3.0});
   check_values(log_softmax(x, -1), {1 - std::log(z), 2 - std::log(z), 3 - std::log(z), -std::log(3.0),
@@ -204,16 +204,16 @@ TEST_CASE("softmax and log_softmax are stable and normalized") {
   // over a middle dim of a 3-D tensor, and with -inf masking
   Tensor y = zeros({2, 3, 2}, kFloat64);
   check_values(sum(softmax(y, 1), {1}), {1, 1, 1, 1});
-  Tensor masked = tensor({0.0, 0.0, -INFINITY});
+  Tensor masked = tensor({0.0, 0.0, -INFINITY}, {}, kFloat64);
   check_values(softmax(masked, 0), {0.5, 0.5, 0});
 }
 
 TEST_CASE("layer_norm normalizes the trailing dims") {
-  Tensor x = tensor({1.0, 2.0, 3.0, 4.0, 2.0, 2.0, 2.0, 2.0}, {2, 4});
+  Tensor x = tensor({1.0, 2.0, 3.0, 4.0, 2.0, 2.0, 2.0, 2.0}, {2, 4}, kFloat64);
   // row 0: mean 2.5, var 1.25
   double r = 1 / std::sqrt(1.25 + 1e-5);
   check_values(layer_norm(x, {4}), {-1.5 * r, -0.5 * r, 0.5 * r, 1.5 * r, 0, 0, 0, 0}, 1e-9);
-  Tensor w = tensor({1.0, 2.0, 1.0, 1.0}), b = tensor({0.0, 0.0, 0.0, 10.0});
+  Tensor w = tensor({1.0, 2.0, 1.0, 1.0}, {}, kFloat64), b = tensor({0.0, 0.0, 0.0, 10.0}, {}, kFloat64);
   check_values(layer_norm(x, {4}, w, b), {-1.5 * r, -1.0 * r, 0.5 * r, 1.5 * r + 10, 0, 0, 0, 10}, 1e-9);
   check_values(layer_norm(x.reshape({2, 2, 2}), {2, 2}), {-1.5 * r, -0.5 * r, 0.5 * r, 1.5 * r, 0, 0, 0, 0}, 1e-9);
 }
@@ -235,8 +235,8 @@ TEST_CASE("matmul: 2-D, batched, broadcast, transposed and 1-D operands") {
   check_values(matmul(tensor({1.f, 2.f}), tensor({3.f, 4.f})), {11});
   // a slice with a row stride larger than its width, and a fully strided operand that needs a copy
   Tensor wide = arange(0.0, 12.0, 1.0, kFloat64).reshape({3, 4});
-  check_values(matmul(wide.slice(1, 0, 2), tensor({1.0, 1.0}, {2, 1})), {1, 9, 17});
-  check_values(matmul(wide.slice(1, 0, 4, 2), tensor({1.0, 1.0}, {2, 1})), {2, 10, 18});
+  check_values(matmul(wide.slice(1, 0, 2), tensor({1.0, 1.0}, {2, 1}, kFloat64)), {1, 9, 17});
+  check_values(matmul(wide.slice(1, 0, 4, 2), tensor({1.0, 1.0}, {2, 1}, kFloat64)), {2, 10, 18});
   check_values(matmul(zeros({2, 0}), zeros({0, 3})), {0, 0, 0, 0, 0, 0});
 }
 

@@ -14,10 +14,10 @@ using namespace tapestry;
 using namespace tapestry::testing;
 
 namespace {
-Tensor param(std::vector<double> v) { return tensor(v).requires_grad_(); }
+Tensor param(std::vector<double> v) { return tensor(v, {}, kFloat64).requires_grad_(); }
 void set_grad(Tensor& p, std::vector<double> g) {
   p.zero_grad();
-  sum(p * tensor(g)).backward();
+  sum(p * tensor(g, {}, kFloat64)).backward();
 }
 optim::ParamGroup make_group(std::vector<Tensor> params, std::optional<double> lr = std::nullopt,
                              std::optional<double> weight_decay = std::nullopt) {
@@ -75,7 +75,7 @@ TEST_CASE("Adam and AdamW: the first two steps by hand") {
 
   Tensor w = param({2.0});
   o.weight_decay = 0.5;
-  optim::AdamW adamw({w}, o);
+  optim::AdamW adamw({w}, optim::AdamWOptions(o));
   set_grad(w, {3.0});
   adamw.step();  // decay 2 * (1 - 0.05) = 1.9, then - 0.1 * sign
   check_values(w, {1.8}, 1e-7);
@@ -170,7 +170,7 @@ const std::vector<std::vector<std::vector<double>>> kGroupGrads = {
 //   print(a.tolist(), b.tolist(), c.tolist())
 TEST_CASE("parameter groups: two-group AdamW matches PyTorch's AdamW with the same param_groups") {
   Tensor a = param({1.0, -2.0, 0.5}), b = param({0.25, 3.0}), c = param({-1.5, 2.0});
-  optim::AdamOptions o;
+  optim::AdamWOptions o;
   o.lr = 0.01, o.beta1 = 0.9, o.beta2 = 0.95, o.eps = 1e-8, o.weight_decay = 0.05;
   optim::AdamW opt(std::vector<optim::ParamGroup>{make_group({a, b}, 0.005), make_group({c}, std::nullopt, 0.3)}, o);
   REQUIRE(opt.num_groups() == 2);
@@ -227,7 +227,7 @@ TEST_CASE("parameter groups: two-group SGD with momentum matches PyTorch's") {
 //   for s in range(121): record [g["lr"] for g in opt.param_groups] at s; opt.step(); sched.step()
 TEST_CASE("parameter groups: a schedule scales every group, keeping its lr ratio (as LambdaLR)") {
   Tensor p = param({1.0}), q = param({2.0});
-  optim::AdamOptions o;
+  optim::AdamWOptions o;
   o.lr = 6e-4;
   optim::AdamW opt(std::vector<optim::ParamGroup>{make_group({p}), make_group({q}, 1.5e-4)}, o);
   CHECK(opt.group_lr_ratio(0) == doctest::Approx(1.0));
@@ -268,7 +268,7 @@ TEST_CASE("parameter groups: state round-trips, so training resumes bit-identica
   optim::CosineSchedule schedule(0.05, 2, 8, 0.005);
   auto run = [&](bool reload) {
     Tensor a = param({1.0, 2.0, 3.0}), b = param({-1.0, 0.5});
-    optim::AdamOptions o;
+    optim::AdamWOptions o;
     o.lr = 0.05, o.weight_decay = 0.1;
     auto make = [&](double lr0, double wd1) {
       return std::make_unique<optim::AdamW>(
@@ -302,7 +302,7 @@ TEST_CASE("parameter groups: state round-trips, so training resumes bit-identica
   CHECK(run(true) == run(false));
 
   Tensor p = param({1.0}), q = param({2.0});
-  optim::AdamW w(std::vector<optim::ParamGroup>{make_group({p}, 0.5), make_group({q})}, optim::AdamOptions{});
+  optim::AdamW w(std::vector<optim::ParamGroup>{make_group({p}, 0.5), make_group({q})}, optim::AdamWOptions{});
   auto state = as_map(w.state_dict());
   CHECK(state.count("group.0.lr_ratio") == 1);
   CHECK(state.at("group.0.lr_ratio").dtype() == kFloat64);
@@ -354,7 +354,7 @@ TEST_CASE("parameter groups: load_state_dict names every misfit") {
 TEST_CASE("parameter groups: a parameter in two groups, empty groups, lr 0") {
   Tensor a = param({1.0}), b = param({2.0}), c = param({3.0});
   std::string e = error_of([&] {
-    optim::AdamW(std::vector<optim::ParamGroup>{make_group({a, b}), make_group({c, a})}, optim::AdamOptions{});
+    optim::AdamW(std::vector<optim::ParamGroup>{make_group({a, b}), make_group({c, a})}, optim::AdamWOptions{});
   });
   CHECK(contains(e, "optimizer: parameter 3 appears in more than one group"));
   CHECK(contains(e, "same tensor as parameter 0"));
@@ -402,8 +402,8 @@ TEST_CASE("parameter groups: a state saved before groups existed still loads int
   // As Optimizer::state_dict wrote it before groups: step, lr and the buffers, nothing else.
   std::map<std::string, Tensor> old = {{"step", scalar_tensor(3, kInt64)},
                                        {"lr", scalar_tensor(0.05, kFloat64)},
-                                       {"exp_avg.0", tensor({0.1, 0.2})},
-                                       {"exp_avg_sq.0", tensor({0.01, 0.04})}};
+                                       {"exp_avg.0", tensor({0.1, 0.2}, {}, kFloat64)},
+                                       {"exp_avg_sq.0", tensor({0.01, 0.04}, {}, kFloat64)}};
   adam.load_state_dict(old);
   CHECK(adam.step_count() == 3);
   CHECK(adam.lr() == doctest::Approx(0.05));

@@ -60,7 +60,7 @@ TEST_CASE("regression: index_select on a 0-d tensor") {
 
 TEST_CASE("regression: in-place ops with an operand that requires grad are recorded") {
   // y.add_(z) left y without history and z.grad() unset, silently.
-  Tensor z = tensor({1.0, 2.0, 3.0}).requires_grad_();
+  Tensor z = tensor({1.0, 2.0, 3.0}, {}, kFloat64).requires_grad_();
   Tensor y = zeros({3}, kFloat64);
   y.add_(z);
   CHECK(y.requires_grad());
@@ -68,29 +68,29 @@ TEST_CASE("regression: in-place ops with an operand that requires grad are recor
   sum(mul(y, y)).backward();
   check_values(z.grad(), {2, 4, 6});
 
-  Tensor a = tensor({1.0, 2.0}).requires_grad_();
-  Tensor t = tensor({10.0, 20.0});
+  Tensor a = tensor({1.0, 2.0}, {}, kFloat64).requires_grad_();
+  Tensor t = tensor({10.0, 20.0}, {}, kFloat64);
   t.sub_(a);  // t = t - a
   t.mul_(a);  // t = (t - a) * a
-  t.div_(tensor({2.0, 4.0}));
+  t.div_(tensor({2.0, 4.0}, {}, kFloat64));
   sum(t).backward();
   // d/da ((c - a) a / k) = (c - 2a) / k
   check_values(a.grad(), {(10 - 2.0) / 2, (20 - 4.0) / 4});
 
-  Tensor s = tensor({1.0, 2.0}).requires_grad_();
+  Tensor s = tensor({1.0, 2.0}, {}, kFloat64).requires_grad_();
   Tensor dst = zeros({2}, kFloat64);
   dst.copy_(s);
   sum(mul(dst, 3.0)).backward();
   check_values(s.grad(), {3, 3});
 
   // On a non-leaf that requires grad, the old history is kept (and cut where overwritten).
-  Tensor w = tensor({1.0, 2.0}).requires_grad_();
+  Tensor w = tensor({1.0, 2.0}, {}, kFloat64).requires_grad_();
   Tensor h = mul(w, 2.0);
   h.add_(1.0);
   h.mul_(w);  // h = (2w + 1) w
   sum(h).backward();
   check_values(w.grad(), {4 * 1.0 + 1, 4 * 2.0 + 1});
-  Tensor v = tensor({1.0, 2.0}).requires_grad_();
+  Tensor v = tensor({1.0, 2.0}, {}, kFloat64).requires_grad_();
   Tensor hv = mul(v, 2.0);
   hv.fill_(7.0);
   sum(mul(hv, v)).backward();
@@ -111,16 +111,16 @@ TEST_CASE("regression: in-place ops with an operand that requires grad are recor
           }
           return base;
         },
-        {tensor({0.3, -0.7, 1.1}).requires_grad_(), tensor({0.2, 0.4, -0.9}).requires_grad_()}));
+        {tensor({0.3, -0.7, 1.1}, {}, kFloat64).requires_grad_(), tensor({0.2, 0.4, -0.9}, {}, kFloat64).requires_grad_()}));
   }
 }
 
 TEST_CASE("regression: in-place autograd refuses what it cannot follow") {
-  Tensor leaf = tensor({1.0}).requires_grad_();
+  Tensor leaf = tensor({1.0}, {}, kFloat64).requires_grad_();
   CHECK(error_of([&] { leaf.add_(1.0); }).find("leaf tensor") != std::string::npos);
   Tensor base = zeros({2, 2}, kFloat64);
   Tensor view = base.select(0, 0);
-  Tensor z = tensor({1.0, 2.0}).requires_grad_();
+  Tensor z = tensor({1.0, 2.0}, {}, kFloat64).requires_grad_();
   CHECK(error_of([&] { view.add_(z); }).find("shares its storage with another tensor") != std::string::npos);
   {
     NoGradGuard g;  // no recording: a plain write
@@ -135,27 +135,27 @@ TEST_CASE("regression: label-smoothed cross_entropy gradient when q does not sum
   // Backward assumed sum(q) = 1; with V = 2 and ignore_index a class (or V = 1) it is 1 - eps.
   CHECK(gradcheck(
       [](const TensorList& in) { return cross_entropy(in[0], tensor({1}), 0.1, 0); },
-      {tensor({0.3, -0.2}, {1, 2}).requires_grad_()}));
+      {tensor({0.3, -0.2}, {1, 2}, kFloat64).requires_grad_()}));
   CHECK(gradcheck([](const TensorList& in) { return cross_entropy(in[0], tensor({0, 0}), 0.2); },
-                  {tensor({0.3, -0.2}, {2, 1}).requires_grad_()}));
+                  {tensor({0.3, -0.2}, {2, 1}, kFloat64).requires_grad_()}));
   CHECK(gradcheck([](const TensorList& in) { return cross_entropy(in[0], tensor({2, 0, 1}), 0.1, 1); },
-                  {tensor({0.3, -0.2, 0.5, 1.0, -1.0, 0.1, 0.2, 0.0, 0.7}, {3, 3}).requires_grad_()}));
+                  {tensor({0.3, -0.2, 0.5, 1.0, -1.0, 0.1, 0.2, 0.0, 0.7}, {3, 3}, kFloat64).requires_grad_()}));
 }
 
 TEST_CASE("regression: cross_entropy with -inf logits") {
   // [[0, -inf, 1]], target 0 gave NaN: 0 * (-inf) in the smoothing term. torch gives 1.3133.
-  Tensor logits = tensor({0.0, -kInf, 1.0}, {1, 3});
+  Tensor logits = tensor({0.0, -kInf, 1.0}, {1, 3}, kFloat64);
   CHECK(cross_entropy(logits, tensor({0})).item<double>() == doctest::Approx(1.3132616875));
   Tensor lf = tensor({0.0f, -std::numeric_limits<float>::infinity(), 1.0f}, {1, 3});
   CHECK(cross_entropy(lf, tensor({0})).item<double>() == doctest::Approx(1.3132616875).epsilon(1e-6));
   // The masked class is the padding class: q is 0 there, so it contributes nothing.
-  Tensor pad_masked = tensor({0.0, -kInf, 1.0, 0.5}, {1, 4});
+  Tensor pad_masked = tensor({0.0, -kInf, 1.0, 0.5}, {1, 4}, kFloat64);
   double loss = cross_entropy(pad_masked, tensor({0}), 0.1, 1).item<double>();
   CHECK(std::isfinite(loss));
   // With smoothing mass on a -inf class the loss is +inf, as in PyTorch.
   CHECK(cross_entropy(logits, tensor({0}), 0.1).item<double>() == kInf);
   // The gradient through a masked logit is finite and 0 at the masked class.
-  Tensor lg = tensor({0.0, -kInf, 1.0}, {1, 3}).requires_grad_();
+  Tensor lg = tensor({0.0, -kInf, 1.0}, {1, 3}, kFloat64).requires_grad_();
   cross_entropy(lg, tensor({2})).backward();
   std::vector<double> g = values(lg.grad());
   CHECK(g[1] == 0.0);
@@ -166,8 +166,31 @@ TEST_CASE("regression: embedding padding_idx out of range is refused in forward"
   Tensor w = ones({3, 2}, kFloat64);
   CHECK(error_of([&] { embedding(w, tensor({0, 1}), 3); }).find("embedding: padding_idx 3 is out of range") !=
         std::string::npos);
-  CHECK(error_of([&] { embedding(w, tensor({0, 1}), -2); }).find("padding_idx -2") != std::string::npos);
+  CHECK(error_of([&] { embedding(w, tensor({0, 1}), -4); }).find("padding_idx -4 is out of range for 3 rows") !=
+        std::string::npos);
   CHECK(embedding(w, tensor({0, 1}), 2).sizes() == Shape{2, 2});
+}
+
+TEST_CASE("regression: padding_idx as PyTorch's: unset is none, a negative one counts from the end") {
+  // nn.Embedding(4, 2, padding_idx=-1): the last row starts at zero and gets no gradient.
+  nn::Embedding last(4, 2, -1);
+  REQUIRE(last.padding_idx.has_value());
+  CHECK(*last.padding_idx == 3);
+  check_values(last.weight.select(0, 3), {0.0, 0.0});
+  sum(last.forward(tensor({3, 0, 3}))).backward();
+  check_values(last.weight.grad().select(0, 3), {0.0, 0.0});
+  check_values(last.weight.grad().select(0, 0), {1.0, 1.0});
+  // None: every row learns, row 3 included.
+  nn::Embedding none(4, 2);
+  CHECK_FALSE(none.padding_idx.has_value());
+  sum(none.forward(tensor({3}))).backward();
+  check_values(none.weight.grad().select(0, 3), {1.0, 1.0});
+  // The functional form: -2 of 3 rows is row 1.
+  Tensor w = ones({3, 2}, kFloat64).requires_grad_();
+  sum(embedding(w, tensor({1, 2}), -2)).backward();
+  check_values(w.grad(), {0, 0, 0, 0, 1, 1});
+  CHECK(error_of([] { nn::Embedding(4, 2, 4); }).find("Embedding: padding_idx 4 is out of range for 4 rows") !=
+        std::string::npos);
 }
 
 TEST_CASE("regression: shape_numel refuses overflowing shapes") {
@@ -201,10 +224,10 @@ TEST_CASE("regression: PyTorch semantics for relu(NaN), narrow, chunk, var, line
   CHECK(std::isnan(var(zeros({0}, kFloat64)).item<double>()));
   CHECK(std::isnan(mean(zeros({0}, kFloat64)).item<double>()));
   // linear with in_features 0 threw; torch gives the bias.
-  Tensor b = tensor({1.0, 2.0});
+  Tensor b = tensor({1.0, 2.0}, {}, kFloat64);
   Tensor y = linear(zeros({3, 0}, kFloat64), zeros({2, 0}, kFloat64), b);
   check_values(y, {1, 2, 1, 2, 1, 2});
-  Tensor bg = tensor({1.0, 2.0}).requires_grad_();
+  Tensor bg = tensor({1.0, 2.0}, {}, kFloat64).requires_grad_();
   Tensor wg = zeros({2, 0}, kFloat64).requires_grad_();
   sum(linear(zeros({3, 0}, kFloat64), wg, bg)).backward();
   check_values(bg.grad(), {3, 3});

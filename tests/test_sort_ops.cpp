@@ -64,7 +64,7 @@ TEST_CASE("tril and triu keep a triangle of the last two dims") {
   Tensor b = arange(0.0, 8.0, 1.0, kFloat64).reshape({2, 2, 2});  // [[0 1] [2 3]], [[4 5] [6 7]]
   check_values(tril(b), {0, 0, 2, 3, 4, 0, 6, 7});
   check_values(triu(b.permute({2, 0, 1})), {0, 2, 0, 6, 1, 3, 0, 7});  // batches [[0 2] [4 6]], [[1 3] [5 7]]
-  check_values(tril(tensor({1.0, 2.0, 3.0}).expand({2, 3, 3})), {1, 0, 0, 1, 2, 0, 1, 2, 3, 1, 0, 0, 1, 2, 0, 1, 2, 3});
+  check_values(tril(tensor({1.0, 2.0, 3.0}, {}, kFloat64).expand({2, 3, 3})), {1, 0, 0, 1, 2, 0, 1, 2, 3, 1, 0, 0, 1, 2, 0, 1, 2, 3});
 
   // Every dtype: int64 and bool (a causal mask) keep their dtype.
   Tensor m = tril(tensor({1, 2, 3, 4}, {2, 2}));
@@ -84,19 +84,19 @@ TEST_CASE("tril and triu keep a triangle of the last two dims") {
 }
 
 TEST_CASE("tril and triu need at least 2 dims") {
-  CHECK(contains(error_of([] { tril(tensor({1.0, 2.0})); }), "tril: expected a tensor of at least 2 dims"));
+  CHECK(contains(error_of([] { tril(tensor({1.0, 2.0}, {}, kFloat64)); }), "tril: expected a tensor of at least 2 dims"));
   CHECK(contains(error_of([] { triu(scalar_tensor(1.0)); }), "triu: expected a tensor of at least 2 dims"));
-  CHECK(contains(error_of([] { triu(tensor({1.0, 2.0}), 1); }), "got shape [2]"));
+  CHECK(contains(error_of([] { triu(tensor({1.0, 2.0}, {}, kFloat64), 1); }), "got shape [2]"));
 }
 
 TEST_CASE("cumsum adds along one dim") {
-  Tensor a = tensor({1.0, 2.0, 3.0, 4.0, 5.0, 6.0}, {2, 3});
+  Tensor a = tensor({1.0, 2.0, 3.0, 4.0, 5.0, 6.0}, {2, 3}, kFloat64);
   check_values(cumsum(a, 0), {1, 2, 3, 5, 7, 9});
   check_values(cumsum(a, 1), {1, 3, 6, 4, 9, 15});
   check_values(cumsum(a, -1), {1, 3, 6, 4, 9, 15});
   check_values(cumsum(a.t(), 1), {1, 5, 2, 7, 3, 9});                // [[1 4] [2 5] [3 6]]
   check_values(cumsum(a.slice(1, 0, 3, 2), 1), {1, 4, 4, 10});       // [[1 3] [4 6]]
-  check_values(cumsum(tensor({1.0, 2.0}).expand({2, 2}), 0), {1, 2, 2, 4});
+  check_values(cumsum(tensor({1.0, 2.0}, {}, kFloat64).expand({2, 2}), 0), {1, 2, 2, 4});
   Tensor c = arange(0.0, 12.0, 1.0, kFloat64).reshape({2, 3, 2});
   check_values(cumsum(c, 1), {0, 1, 2, 4, 6, 9, 6, 7, 14, 16, 24, 27});
 
@@ -112,7 +112,7 @@ TEST_CASE("cumsum adds along one dim") {
   Tensor i = cumsum(tensor({3, -1, 4}), 0);
   CHECK(i.dtype() == kInt64);
   check_values(i, {3, 2, 6});
-  Tensor b = cumsum(gt(tensor({1.0, 0.0, 2.0}), 0.5), 0);
+  Tensor b = cumsum(gt(tensor({1.0, 0.0, 2.0}, {}, kFloat64), 0.5), 0);
   CHECK(b.dtype() == kInt64);
   check_values(b, {1, 1, 2});
 
@@ -122,15 +122,15 @@ TEST_CASE("cumsum adds along one dim") {
   check_values(f, {1e8, 1e8, 1});
 
   // NaN and inf propagate from where they appear.
-  check_exact(cumsum(tensor({1.0, kNaN, 2.0}), 0), {1, kNaN, kNaN});
-  check_exact(cumsum(tensor({1.0, kInf, -kInf}), 0), {1, kInf, kNaN});
+  check_exact(cumsum(tensor({1.0, kNaN, 2.0}, {}, kFloat64), 0), {1, kNaN, kNaN});
+  check_exact(cumsum(tensor({1.0, kInf, -kInf}, {}, kFloat64), 0), {1, kInf, kNaN});
 
   CHECK(contains(error_of([&] { cumsum(a, 2); }), "cumsum: dim 2 out of range"));
   CHECK(contains(error_of([] { cumsum(scalar_tensor(1.0), 1); }), "cumsum: dim 1 out of range"));
 }
 
 TEST_CASE("sort: values with their indices, stable, NaN above inf") {
-  Tensor x = tensor({3.0, 1.0, 2.0, 1.0});
+  Tensor x = tensor({3.0, 1.0, 2.0, 1.0}, {}, kFloat64);
   ValuesIndices r = sort(x);
   check_values(r.values, {1, 1, 2, 3});
   CHECK(ints(r.indices) == Ints{1, 3, 2, 0});
@@ -140,21 +140,21 @@ TEST_CASE("sort: values with their indices, stable, NaN above inf") {
   CHECK(ints(d.indices) == Ints{0, 2, 1, 3});  // equal values keep their input order
   CHECK(ints(argsort(x)) == Ints{1, 3, 2, 0});
   CHECK(ints(argsort(x, 0, true)) == Ints{0, 2, 1, 3});
-  CHECK(ints(sort(tensor({2.0, 1.0, 2.0, 1.0}), -1, false, /*stable=*/false).indices) == Ints{1, 3, 0, 2});
+  CHECK(ints(sort(tensor({2.0, 1.0, 2.0, 1.0}, {}, kFloat64), -1, false, /*stable=*/false).indices) == Ints{1, 3, 0, 2});
 
   // NaN ranks above +inf: last ascending, first descending; NaNs (and signed zeros) tie.
-  Tensor y = tensor({1.0, kNaN, kInf, -kInf, 0.0, kNaN});
+  Tensor y = tensor({1.0, kNaN, kInf, -kInf, 0.0, kNaN}, {}, kFloat64);
   ValuesIndices ya = sort(y);
   check_exact(ya.values, {-kInf, 0, 1, kInf, kNaN, kNaN});
   CHECK(ints(ya.indices) == Ints{3, 4, 0, 2, 1, 5});
   ValuesIndices yd = sort(y, 0, true);
   check_exact(yd.values, {kNaN, kNaN, kInf, 1, 0, -kInf});
   CHECK(ints(yd.indices) == Ints{1, 5, 2, 0, 4, 3});
-  CHECK(ints(sort(tensor({0.0, -0.0, 0.0})).indices) == Ints{0, 1, 2});
-  CHECK(ints(sort(tensor({0.0, -0.0, 0.0}), 0, true).indices) == Ints{0, 1, 2});
+  CHECK(ints(sort(tensor({0.0, -0.0, 0.0}, {}, kFloat64)).indices) == Ints{0, 1, 2});
+  CHECK(ints(sort(tensor({0.0, -0.0, 0.0}, {}, kFloat64), 0, true).indices) == Ints{0, 1, 2});
 
   // Along dim 0, on transposed and strided inputs, and the middle dim of a 3-D tensor.
-  Tensor m = tensor({3.0, 1.0, 2.0, 5.0, 4.0, 0.0}, {2, 3});  // [[3 1 2] [5 4 0]]
+  Tensor m = tensor({3.0, 1.0, 2.0, 5.0, 4.0, 0.0}, {2, 3}, kFloat64);  // [[3 1 2] [5 4 0]]
   ValuesIndices m0 = sort(m, 0);
   check_values(m0.values, {3, 1, 0, 5, 4, 2});
   CHECK(ints(m0.indices) == Ints{0, 0, 1, 1, 1, 0});
@@ -164,12 +164,12 @@ TEST_CASE("sort: values with their indices, stable, NaN above inf") {
   ValuesIndices ms = sort(m.slice(1, 0, 3, 2), 1, true);  // [[3 2] [5 0]]
   check_values(ms.values, {3, 2, 5, 0});
   CHECK(ints(ms.indices) == Ints{0, 1, 0, 1});
-  Tensor c = tensor({2.0, 9.0, 1.0, 8.0, 3.0, 7.0, 6.0, 0.0, 5.0, 1.0, 4.0, 2.0}, {2, 3, 2});
+  Tensor c = tensor({2.0, 9.0, 1.0, 8.0, 3.0, 7.0, 6.0, 0.0, 5.0, 1.0, 4.0, 2.0}, {2, 3, 2}, kFloat64);
   ValuesIndices c1 = sort(c, 1);  // batch 0 columns [2 1 3], [9 8 7]; batch 1 [6 5 4], [0 1 2]
   check_values(c1.values, {1, 7, 2, 8, 3, 9, 4, 0, 5, 1, 6, 2});
   CHECK(ints(c1.indices) == Ints{1, 2, 0, 1, 2, 0, 2, 0, 1, 1, 0, 2});
   // An expanded input: every element of a row ties.
-  CHECK(ints(sort(tensor({4.0, 5.0}, {2, 1}).expand({2, 3}), 1, true).indices) == Ints{0, 1, 2, 0, 1, 2});
+  CHECK(ints(sort(tensor({4.0, 5.0}, {2, 1}, kFloat64).expand({2, 3}), 1, true).indices) == Ints{0, 1, 2, 0, 1, 2});
 
   // 0-d: itself, index 0.
   ValuesIndices s0 = sort(scalar_tensor(7.0, kFloat64));
@@ -184,7 +184,7 @@ TEST_CASE("sort: values with their indices, stable, NaN above inf") {
   CHECK(si.values.dtype() == kInt64);
   CHECK(ints(si.values) == Ints{3, 3, 0, -1});
   CHECK(ints(si.indices) == Ints{0, 2, 3, 1});
-  ValuesIndices sb = sort(gt(tensor({1.0, 0.0, 1.0, 0.0}), 0.5));
+  ValuesIndices sb = sort(gt(tensor({1.0, 0.0, 1.0, 0.0}, {}, kFloat64), 0.5));
   CHECK(sb.values.dtype() == kBool);
   CHECK(ints(sb.values) == Ints{0, 0, 1, 1});
   CHECK(ints(sb.indices) == Ints{1, 3, 0, 2});
@@ -204,34 +204,34 @@ TEST_CASE("sort: values with their indices, stable, NaN above inf") {
 }
 
 TEST_CASE("topk: the k largest or smallest, lowest index first among equals") {
-  Tensor x = tensor({1.0, 5.0, 3.0, 5.0, kNaN, -2.0});
+  Tensor x = tensor({1.0, 5.0, 3.0, 5.0, kNaN, -2.0}, {}, kFloat64);
   ValuesIndices t = topk(x, 3);  // NaN counts as the largest
   check_exact(t.values, {kNaN, 5, 5});
   CHECK(ints(t.indices) == Ints{4, 1, 3});
   ValuesIndices s = topk(x, 2, -1, false);
   check_values(s.values, {-2, 1});
   CHECK(ints(s.indices) == Ints{5, 0});
-  CHECK(ints(topk(tensor({2.0, 2.0, 2.0, 2.0}), 2).indices) == Ints{0, 1});
-  CHECK(ints(topk(tensor({2.0, 2.0, 2.0, 2.0}), 3, -1, false).indices) == Ints{0, 1, 2});
-  CHECK(ints(topk(tensor({3.0, 1.0, 3.0, 3.0}), 2).indices) == Ints{0, 2});
+  CHECK(ints(topk(tensor({2.0, 2.0, 2.0, 2.0}, {}, kFloat64), 2).indices) == Ints{0, 1});
+  CHECK(ints(topk(tensor({2.0, 2.0, 2.0, 2.0}, {}, kFloat64), 3, -1, false).indices) == Ints{0, 1, 2});
+  CHECK(ints(topk(tensor({3.0, 1.0, 3.0, 3.0}, {}, kFloat64), 2).indices) == Ints{0, 2});
 
   // sorted = false: the selected elements in input order.
-  ValuesIndices u = topk(tensor({1.0, 5.0, 3.0, 9.0, 7.0}), 3, -1, true, false);
+  ValuesIndices u = topk(tensor({1.0, 5.0, 3.0, 9.0, 7.0}, {}, kFloat64), 3, -1, true, false);
   check_values(u.values, {5, 9, 7});
   CHECK(ints(u.indices) == Ints{1, 3, 4});
-  ValuesIndices us = topk(tensor({1.0, 5.0, 3.0, 9.0, 7.0}), 2, -1, false, false);
+  ValuesIndices us = topk(tensor({1.0, 5.0, 3.0, 9.0, 7.0}, {}, kFloat64), 2, -1, false, false);
   check_values(us.values, {1, 3});
   CHECK(ints(us.indices) == Ints{0, 2});
 
   // k = 0 and k = size of the dim.
   CHECK(topk(x, 0).values.sizes() == Shape{0});
   CHECK(topk(x, 0).indices.sizes() == Shape{0});
-  ValuesIndices all = topk(tensor({2.0, 1.0, 3.0}), 3);
+  ValuesIndices all = topk(tensor({2.0, 1.0, 3.0}, {}, kFloat64), 3);
   check_values(all.values, {3, 2, 1});
   CHECK(ints(all.indices) == Ints{2, 0, 1});
 
   // Along dim 0 of a transposed matrix; a strided 3-D input; an expanded input.
-  Tensor m = tensor({3.0, 1.0, 2.0, 5.0, 4.0, 0.0}, {2, 3});  // m.t() = [[3 5] [1 4] [2 0]]
+  Tensor m = tensor({3.0, 1.0, 2.0, 5.0, 4.0, 0.0}, {2, 3}, kFloat64);  // m.t() = [[3 5] [1 4] [2 0]]
   ValuesIndices tm = topk(m.t(), 2, 0);
   check_values(tm.values, {3, 5, 2, 4});
   CHECK(ints(tm.indices) == Ints{0, 0, 2, 1});
@@ -239,7 +239,7 @@ TEST_CASE("topk: the k largest or smallest, lowest index first among equals") {
   ValuesIndices tc = topk(c, 1, 1, false);  // the first row of each batch
   check_values(tc.values, {0, 2, 12, 14});
   CHECK(ints(tc.indices) == Ints{0, 0, 0, 0});
-  ValuesIndices te = topk(tensor({1.0, 3.0, 2.0}).expand({2, 3}), 2);
+  ValuesIndices te = topk(tensor({1.0, 3.0, 2.0}, {}, kFloat64).expand({2, 3}), 2);
   check_values(te.values, {3, 2, 3, 2});
   CHECK(ints(te.indices) == Ints{1, 2, 1, 2});
 
@@ -347,20 +347,20 @@ TEST_CASE("sort, topk and cumsum do not depend on the thread count") {
 }
 
 TEST_CASE("backward of sort, topk, cumsum and tril by hand") {
-  Tensor x = tensor({3.0, 1.0, 2.0}).requires_grad_();
-  sum(mul(sort(x).values, tensor({1.0, 10.0, 100.0}))).backward();  // sorted: x[1], x[2], x[0]
+  Tensor x = tensor({3.0, 1.0, 2.0}, {}, kFloat64).requires_grad_();
+  sum(mul(sort(x).values, tensor({1.0, 10.0, 100.0}, {}, kFloat64))).backward();  // sorted: x[1], x[2], x[0]
   check_values(x.grad(), {100, 1, 10});
 
-  Tensor y = tensor({3.0, 1.0, 2.0}).requires_grad_();
-  sum(mul(topk(y, 2, -1, false).values, tensor({1.0, 10.0}))).backward();  // y[1], y[2]
+  Tensor y = tensor({3.0, 1.0, 2.0}, {}, kFloat64).requires_grad_();
+  sum(mul(topk(y, 2, -1, false).values, tensor({1.0, 10.0}, {}, kFloat64))).backward();  // y[1], y[2]
   check_values(y.grad(), {0, 1, 10});
 
-  Tensor z = tensor({1.0, 3.0, 2.0}).requires_grad_();
+  Tensor z = tensor({1.0, 3.0, 2.0}, {}, kFloat64).requires_grad_();
   sum(topk(z.expand({2, 3}), 1).values).backward();  // both rows pick z[1]
   check_values(z.grad(), {0, 2, 0});
 
-  Tensor w = tensor({1.0, 2.0, 3.0}).requires_grad_();
-  sum(mul(cumsum(w, 0), tensor({1.0, 10.0, 100.0}))).backward();
+  Tensor w = tensor({1.0, 2.0, 3.0}, {}, kFloat64).requires_grad_();
+  sum(mul(cumsum(w, 0), tensor({1.0, 10.0, 100.0}, {}, kFloat64))).backward();
   check_values(w.grad(), {111, 110, 100});
 
   Tensor m = ones({2, 3}, kFloat64).requires_grad_();
@@ -391,7 +391,7 @@ TEST_CASE("gradcheck: cumsum of a descending sort, contiguous and non-contiguous
 }
 
 TEST_CASE("multinomial: the same seed gives the same draws, whatever the thread count") {
-  Tensor p = tensor({0.1, 0.0, 0.5, 0.4, 0.0, 1.0}, {2, 3});
+  Tensor p = tensor({0.1, 0.0, 0.5, 0.4, 0.0, 1.0}, {2, 3}, kFloat64);
   Generator g1(7), g2(7), g3(8);
   Tensor a = multinomial(p, 50, true, &g1);
   CHECK(a.sizes() == Shape{2, 50});
@@ -434,7 +434,7 @@ TEST_CASE("multinomial: frequencies follow the weights - zero weights are never 
     return freq;
   };
   // Unnormalized float64 weights, sum 10.
-  std::vector<double> f = frequencies(multinomial(tensor({1.0, 0.0, 3.0, 6.0}), n, true, &g), 4);
+  std::vector<double> f = frequencies(multinomial(tensor({1.0, 0.0, 3.0, 6.0}, {}, kFloat64), n, true, &g), 4);
   CHECK(f[1] == 0.0);
   CHECK(std::abs(f[0] - 0.1) < 0.015);
   CHECK(std::abs(f[2] - 0.3) < 0.015);
@@ -443,7 +443,7 @@ TEST_CASE("multinomial: frequencies follow the weights - zero weights are never 
   std::vector<double> f32 = frequencies(multinomial(tensor({0.2f, 0.8f}, {1, 2}), n, true, &g), 2);
   CHECK(std::abs(f32[1] - 0.8) < 0.015);
   // Without replacement, the first draw follows the weights too (an expanded batch of rows).
-  Tensor rows = tensor({1.0, 0.0, 3.0, 6.0}).expand({n, 4});
+  Tensor rows = tensor({1.0, 0.0, 3.0, 6.0}, {}, kFloat64).expand({n, 4});
   Tensor firsts = multinomial(rows, 1, false, &g);
   CHECK(firsts.sizes() == Shape{n, 1});
   std::vector<double> ff = frequencies(firsts, 4);
@@ -452,7 +452,7 @@ TEST_CASE("multinomial: frequencies follow the weights - zero weights are never 
   CHECK(std::abs(ff[3] - 0.6) < 0.015);
   // Two draws from {1, 3} without replacement: the first is category 1 with probability 0.75,
   // and the second is always the other one.
-  Ints pairs = ints(multinomial(tensor({1.0, 3.0}).expand({n, 2}), 2, false, &g));
+  Ints pairs = ints(multinomial(tensor({1.0, 3.0}, {}, kFloat64).expand({n, 2}), 2, false, &g));
   double first_is_1 = 0;
   bool distinct = true;
   for (int64_t r = 0; r < n; ++r) {
@@ -463,17 +463,17 @@ TEST_CASE("multinomial: frequencies follow the weights - zero weights are never 
   CHECK(distinct);
   CHECK(std::abs(first_is_1 - 0.75) < 0.015);
   // Each row draws from its own weights.
-  Ints per_row = ints(multinomial(tensor({1.0, 0.0, 0.0, 0.0, 0.0, 2.0}, {2, 3}), 100, true, &g));
+  Ints per_row = ints(multinomial(tensor({1.0, 0.0, 0.0, 0.0, 0.0, 2.0}, {2, 3}, kFloat64), 100, true, &g));
   for (size_t i = 0; i < per_row.size(); ++i) CHECK(per_row[i] == (i < 100 ? 0 : 2));
   // Weights whose sum overflows are still drawn from.
-  std::vector<double> huge = frequencies(multinomial(tensor({1e308, 1e308, 0.0}), n, true, &g), 3);
+  std::vector<double> huge = frequencies(multinomial(tensor({1e308, 1e308, 0.0}, {}, kFloat64), n, true, &g), 3);
   CHECK(huge[2] == 0.0);
   CHECK(std::abs(huge[0] - 0.5) < 0.015);
 }
 
 TEST_CASE("multinomial without replacement: distinct categories with nonzero weight") {
   Generator g(9);
-  Tensor w = tensor({0.5, 0.0, 2.0, 1.0, 0.0, 0.25, 3.0});  // 5 nonzero weights
+  Tensor w = tensor({0.5, 0.0, 2.0, 1.0, 0.0, 0.25, 3.0}, {}, kFloat64);  // 5 nonzero weights
   bool ok = true;
   for (int trial = 0; trial < 200; ++trial) {
     Ints d = ints(multinomial(w, 5, false, &g));
@@ -489,11 +489,11 @@ TEST_CASE("multinomial without replacement: distinct categories with nonzero wei
   for (size_t r = 0; r < 4; ++r)
     CHECK(std::set<int64_t>(batch.begin() + 50 * r, batch.begin() + 50 * (r + 1)).size() == 50);
   // A tiny weight beside large ones is still drawn when it must be.
-  Ints tiny = ints(multinomial(tensor({1e-300, 1e300, 0.0}), 2, false, &g));
+  Ints tiny = ints(multinomial(tensor({1e-300, 1e300, 0.0}, {}, kFloat64), 2, false, &g));
   CHECK(std::set<int64_t>(tiny.begin(), tiny.end()) == std::set<int64_t>{0, 1});
   // An empty batch draws nothing.
   CHECK(multinomial(zeros({0, 3}, kFloat64), 2, false, &g).sizes() == Shape{0, 2});
-  CHECK(multinomial(tensor({1.0, 1.0}), 5, true, &g).sizes() == Shape{5});
+  CHECK(multinomial(tensor({1.0, 1.0}, {}, kFloat64), 5, true, &g).sizes() == Shape{5});
 }
 
 TEST_CASE("multinomial refuses bad probabilities") {
@@ -501,21 +501,21 @@ TEST_CASE("multinomial refuses bad probabilities") {
   auto msg = [&g](const Tensor& p, int64_t n, bool replacement) {
     return error_of([&] { multinomial(p, n, replacement, &g); });
   };
-  CHECK(contains(msg(tensor({0.5, -0.1}), 1, true), "multinomial: probabilities must be finite and non-negative"));
-  CHECK(contains(msg(tensor({0.5, kInf}), 1, true), "must be finite and non-negative, got inf"));
-  CHECK(contains(msg(tensor({kNaN, 0.5}), 1, false), "must be finite and non-negative, got nan"));
-  CHECK(contains(msg(tensor({0.0, 0.0}), 1, true), "multinomial: row 0 of probabilities [2] has no positive weight"));
-  CHECK(contains(msg(tensor({1.0, 1.0, 0.0, 0.0}, {2, 2}), 1, true), "row 1 of probabilities [2, 2]"));
-  CHECK(contains(msg(tensor({0.5, 0.0, 0.5}), 3, false), "which has only 2 categories with nonzero probability"));
-  CHECK(contains(msg(tensor({0.5, 0.5}), 3, false), "cannot draw 3 samples without replacement from 2 categories"));
-  CHECK(contains(msg(tensor({0.5, 0.5}), 0, true), "multinomial: num_samples must be positive, got 0"));
-  CHECK(contains(msg(tensor({0.5, 0.5}), -2, false), "num_samples must be positive"));
+  CHECK(contains(msg(tensor({0.5, -0.1}, {}, kFloat64), 1, true), "multinomial: probabilities must be finite and non-negative"));
+  CHECK(contains(msg(tensor({0.5, kInf}, {}, kFloat64), 1, true), "must be finite and non-negative, got inf"));
+  CHECK(contains(msg(tensor({kNaN, 0.5}, {}, kFloat64), 1, false), "must be finite and non-negative, got nan"));
+  CHECK(contains(msg(tensor({0.0, 0.0}, {}, kFloat64), 1, true), "multinomial: row 0 of probabilities [2] has no positive weight"));
+  CHECK(contains(msg(tensor({1.0, 1.0, 0.0, 0.0}, {2, 2}, kFloat64), 1, true), "row 1 of probabilities [2, 2]"));
+  CHECK(contains(msg(tensor({0.5, 0.0, 0.5}, {}, kFloat64), 3, false), "which has only 2 categories with nonzero probability"));
+  CHECK(contains(msg(tensor({0.5, 0.5}, {}, kFloat64), 3, false), "cannot draw 3 samples without replacement from 2 categories"));
+  CHECK(contains(msg(tensor({0.5, 0.5}, {}, kFloat64), 0, true), "multinomial: num_samples must be positive, got 0"));
+  CHECK(contains(msg(tensor({0.5, 0.5}, {}, kFloat64), -2, false), "num_samples must be positive"));
   CHECK(contains(msg(scalar_tensor(1.0, kFloat64), 1, true), "must be 1-D [V] or 2-D [B, V], got shape []"));
   CHECK(contains(msg(ones({2, 2, 2}, kFloat64), 1, true), "must be 1-D [V] or 2-D [B, V]"));
   CHECK(contains(msg(tensor({1, 2}), 1, true), "multinomial: probabilities must be float32 or float64, got int64"));
   CHECK(contains(msg(zeros({2, 0}, kFloat64), 1, true), "has no positive weight"));
   // A bad row refuses the whole call before any draw: the generator has not moved.
   Generator fresh(1), used(1);
-  error_of([&] { multinomial(tensor({1.0, 1.0, -1.0, 1.0}, {2, 2}), 1, true, &used); });
+  error_of([&] { multinomial(tensor({1.0, 1.0, -1.0, 1.0}, {2, 2}, kFloat64), 1, true, &used); });
   CHECK(fresh.engine()() == used.engine()());
 }

@@ -166,7 +166,11 @@ TEST_CASE("TensorDataset, random_split and DataLoader: disjoint splits, seeded s
         "random_split: lengths sum to 11 but the dataset has 10 examples");
 
   data::DataLoaderOptions o;
-  o.batch_size = 4, o.seed = 3;
+  // PyTorch's defaults: batches of 1, in order.
+  CHECK(o.batch_size == 1);
+  CHECK_FALSE(o.shuffle);
+  CHECK(values(data::DataLoader(ds, o).batch(3, 2).target) == std::vector<double>{2});
+  o.batch_size = 4, o.shuffle = true, o.seed = 3;
   data::DataLoader loader(ds, o);
   CHECK(loader.batches() == 3);
   std::vector<int64_t> epoch1;

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
       (d ? decay : no_decay).push_back(p);
       if (d) decay_names += (decay_names.empty() ? "" : ",") + name;
     }
-    optim::AdamOptions ao;
+    optim::AdamWOptions ao;
     ao.lr = lr, ao.weight_decay = weight_decay;
     optim::AdamW adamw(std::vector<optim::ParamGroup>{{decay, std::nullopt, weight_decay}, {no_decay, std::nullopt, 0.0}},
                        ao);

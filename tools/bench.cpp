@@ -145,7 +145,7 @@ int run_lm_bench(const BenchOptions& o, int threads) {
   c.block_size = block, c.dropout = 0.1;
   models::GPT model(c);
   model.to(bench_device);
-  optim::AdamOptions ao;
+  optim::AdamWOptions ao;
   ao.lr = 2e-3, ao.beta1 = 0.9, ao.beta2 = 0.95, ao.eps = 1e-8, ao.weight_decay = 0.1;
   optim::AdamW adamw({{model.decay_parameters(), std::nullopt, 0.1}, {model.no_decay_parameters(), std::nullopt, 0.0}},
                      ao);
@@ -209,7 +209,7 @@ int run_vit_bench(const BenchOptions& o, int threads) {
   const int64_t batch = 128;
   models::ViT model(models::ViTConfig::named("fmnist"));
   model.to(bench_device);
-  optim::AdamOptions ao;
+  optim::AdamWOptions ao;
   ao.lr = 1e-3, ao.weight_decay = 0.05;
   optim::AdamW adamw(model.parameters(), ao);
   Generator data(42);

@@ -103,7 +103,7 @@ std::unique_ptr<optim::AdamW> vit_adamw(ViT& model, const ImageOptions& o) {
   std::vector<Tensor> decay, no_decay;
   for (auto& [name, p] : model.named_parameters())
     (p.dim() >= 2 && name != "cls_token" && name != "pos_embed" ? decay : no_decay).push_back(p);
-  optim::AdamOptions ao;
+  optim::AdamWOptions ao;
   ao.lr = o.lr, ao.beta1 = 0.9, ao.beta2 = 0.999, ao.eps = 1e-8, ao.weight_decay = o.weight_decay;
   return std::make_unique<optim::AdamW>(
       std::vector<optim::ParamGroup>{{decay, std::nullopt, o.weight_decay}, {no_decay, std::nullopt, 0.0}}, ao);

@@ -310,7 +310,7 @@ void export_streams(const std::string& dir, const LMTokenizer& tok, const Stream
 
 // GPT's (and Llama's) AdamW: betas (0.9, 0.95), weight decay on the matrices only.
 std::unique_ptr<optim::AdamW> lm_adamw(CausalLM& model, const LMOptions& o) {
-  optim::AdamOptions ao;
+  optim::AdamWOptions ao;
   ao.lr = o.lr, ao.beta1 = 0.9, ao.beta2 = 0.95, ao.eps = 1e-8, ao.weight_decay = o.weight_decay;
   return std::make_unique<optim::AdamW>(
       std::vector<optim::ParamGroup>{{model.decay_parameters(), std::nullopt, o.weight_decay},

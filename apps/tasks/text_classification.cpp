@@ -165,7 +165,7 @@ class MailBatches : public DataSource {
  private:
   static data::DataLoaderOptions options(int64_t batch, uint64_t seed) {
     data::DataLoaderOptions o;
-    o.batch_size = batch, o.seed = seed;
+    o.batch_size = batch, o.shuffle = true, o.seed = seed;
     return o;
   }
   Generator batch_gen_{0};
@@ -177,7 +177,7 @@ class MailBatches : public DataSource {
 std::unique_ptr<optim::AdamW> text_adamw(nn::Module& model, const TextOptions& o) {
   std::vector<Tensor> decay, no_decay;  // matrices decay; biases, LayerNorms and embeddings' biases do not
   for (auto& [name, p] : model.named_parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  optim::AdamOptions ao;
+  optim::AdamWOptions ao;
   ao.lr = o.lr, ao.weight_decay = o.weight_decay;
   return std::make_unique<optim::AdamW>(
       std::vector<optim::ParamGroup>{{decay, std::nullopt, o.weight_decay}, {no_decay, std::nullopt, 0.0}}, ao);

@@ -187,7 +187,8 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
     add_losses(read(Tensor()));
     // One small all-reduce agrees on the totals and on whether to stop.
     Tensor totals = tensor(std::vector<double>{static_cast<double>(r.tokens), loss_sum, r.stop_signal ? 1.0 : 0.0,
-                                               r.out_of_time ? 1.0 : 0.0});
+                                               r.out_of_time ? 1.0 : 0.0},
+                           {}, kFloat64);
     dist::allreduce_(totals);
     auto tv = totals.to_vector<double>();
     r.tokens = static_cast<int64_t>(tv[0]), loss_sum = tv[1], r.stop_signal = tv[2] > 0, r.out_of_time = tv[3] > 0;

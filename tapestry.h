@@ -4,6 +4,7 @@
 #include "tapestry/version.h"
 #include "tapestry/autograd/anomaly.h"
 #include "tapestry/autograd/checkpoint.h"
+#include "tapestry/autograd/functional.h"
 #include "tapestry/autograd/functions.h"
 #include "tapestry/autograd/grad_mode.h"
 #include "tapestry/autograd/gradcheck.h"

@@ -46,6 +46,23 @@ Tensor checkpoint(const std::function<Tensor(const TensorList&)>& fn, const Tens
     // where it was, as it would without checkpointing (backward draws nothing).
     GeneratorStateGuard put_back(default_generator());
     default_generator().set_state(rng);
+    if (GradMode::is_enabled()) {
+      // A recording backward (create_graph): the recomputation runs on the inputs with their
+      // history, and its gradient is taken as a recorded function of them.
+      TensorList with_history, wanted;
+      for (const SavedTensor& s : saved) with_history.push_back(s.get());
+      for (size_t i = 0; i < saved.size(); ++i)
+        if (needs[i]) wanted.push_back(with_history[i]);
+      Tensor y = fn(with_history);
+      TP_CHECK(y.defined() && y.sizes() == grad.sizes(), "checkpoint: the recomputation returned shape {}, the first "
+               "run {}: the function must be deterministic", y.defined() ? y.sizes() : Shape{}, grad.sizes());
+      TensorList grads(saved.size());
+      if (!y.requires_grad()) return grads;
+      TensorList got = run_grad({y}, wanted, {grad}, true, true, true);
+      for (size_t i = 0, w = 0; i < saved.size(); ++i)
+        if (needs[i]) grads[i] = got[w++];
+      return grads;
+    }
     TensorList detached;
     for (size_t i = 0; i < saved.size(); ++i) {
       Tensor d = saved[i].get();

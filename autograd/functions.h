@@ -36,6 +36,8 @@ Tensor tanh(const Tensor& a);
 Tensor relu(const Tensor& a);
 // The exact erf form by default; approximate = "tanh" gives GPT-2's tanh form (as torch).
 Tensor gelu(const Tensor& a, const std::string& approximate = "none");
+// g * gelu'(x): gelu's backward as an op of its own, differentiable again (create_graph).
+Tensor gelu_backward(const Tensor& g, const Tensor& x, bool tanh_form = false);
 Tensor sigmoid(const Tensor& a);
 Tensor abs(const Tensor& a);
 Tensor clamp(const Tensor& a, double lo, double hi);

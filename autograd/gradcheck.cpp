@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "tapestry/autograd/functions.h"
+#include "tapestry/autograd/node.h"
 #include "tapestry/ops/cuda.h"
 
 namespace tapestry {
@@ -94,6 +95,32 @@ bool gradcheck(const std::function<Tensor(const TensorList&)>& f, const TensorLi
   }
   for (Tensor x : inputs) x.zero_grad();
   return true;
+}
+
+bool gradgradcheck(const std::function<Tensor(const TensorList&)>& f, const TensorList& inputs,
+                   const GradcheckOptions& opt) {
+  Tensor out0;
+  {
+    NoGradGuard no_grad;
+    out0 = f(inputs);
+  }
+  TP_CHECK(out0.dtype() == DType::Float64, "gradgradcheck: f returned {}, expected float64", out0.dtype());
+  Generator gen(opt.seed + 1);
+  TensorList all = inputs;
+  all.push_back(randn(out0.sizes(), TensorOptions(DType::Float64, out0.device()), &gen).requires_grad_());
+  // The first derivatives, flattened into one tensor, as a recorded function of the inputs and v.
+  auto first = [&f](const TensorList& in) {
+    EnableGradGuard recording;  // gradcheck evaluates under NoGradGuard for its differences
+    const TensorList xs(in.begin(), in.end() - 1);
+    const Tensor out = f(xs);
+    TensorList g(xs.size());
+    if (out.requires_grad()) g = run_grad({out}, xs, {in.back()}, true, true, true);
+    TensorList flat;
+    for (size_t i = 0; i < xs.size(); ++i)
+      flat.push_back(reshape(g[i].defined() ? g[i] : zeros(xs[i].sizes(), xs[i].options()), {-1}));
+    return cat(flat, 0);
+  };
+  return gradcheck(first, all, opt);
 }
 
 }  // namespace tapestry

@@ -20,4 +20,11 @@ struct GradcheckOptions {
 bool gradcheck(const std::function<Tensor(const TensorList&)>& f, const TensorList& inputs,
                const GradcheckOptions& options = {});
 
+// As torch.autograd.gradgradcheck: gradcheck of the gradient itself. With a random upstream v
+// (float64, a leaf that requires grad), the function (inputs, v) -> d<f(inputs), v>/d inputs,
+// computed by a backward that records (create_graph), is gradcheck'ed against finite
+// differences: every second derivative of f, and the first one's linearity in v.
+bool gradgradcheck(const std::function<Tensor(const TensorList&)>& f, const TensorList& inputs,
+                   const GradcheckOptions& options = {});
+
 }  // namespace tapestry

@@ -4,11 +4,29 @@
 #include <cmath>
 
 #include "tapestry/autograd/functions.h"
+#include "tapestry/ops/detail/backend.h"
 #include "tapestry/ops/detail/kernels.h"
 
 namespace tapestry {
 
 namespace {
+
+// The fused kernel's semantics as recorded ops (for a backward that records): a masked score
+// (by the mask, true = masked out, or by causality) becomes kAttentionMasked.
+Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& masked_out, bool is_causal,
+                           double scale) {
+  Tensor scores = mul(matmul(q, transpose(k, -1, -2)), scale);
+  const int64_t Tq = q.size(-2), Tk = k.size(-2);
+  Tensor masked = masked_out;
+  if (is_causal) {
+    const TensorOptions ids(DType::Int64, q.device());
+    Tensor future = gt(unsqueeze(arange(Tk, ids), 0), unsqueeze(arange(Tq, ids), 1));  // key j > query i
+    masked = masked.defined() ? logical_or(masked, future) : future;
+  }
+  if (masked.defined()) scores = masked_fill(scores, expand(masked, scores.sizes()), kernels::kAttentionMasked);
+  return matmul(softmax(scores, -1), v);
+}
+
 
 // `mask`: true = masked out.
 Tensor attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
@@ -38,6 +56,16 @@ Tensor attention(const char* op, const Tensor& q, const Tensor& k, const Tensor&
   Tensor m = mask.defined() ? mask.detach() : Tensor();
   return record("ScaledDotProductAttentionBackward", out, {q, k, v},
                 [sq, sk, sv, so, lse, m, is_causal, s, dropout_p, seed](const Tensor& g) {
+                  if (GradMode::is_enabled()) {
+                    // A recording backward: through the composite softmax(masked q k^T s) v.
+                    TP_CHECK(dropout_p == 0,
+                             "scaled_dot_product_attention: a backward that records (create_graph) is not implemented "
+                             "with dropout_p > 0 (the fused kernel's dropout mask has no composite form); use "
+                             "dropout_p = 0 for higher-order gradients");
+                    return composite_vjp(
+                        [m, is_causal, s](const TensorList& in) { return attention_composite(in[0], in[1], in[2], m, is_causal, s); },
+                        {sq.get(), sk.get(), sv.get()}, g);
+                  }
                   auto r = kernels::scaled_dot_product_attention_backward(g, sq.get(), sk.get(), sv.get(), so.get(),
                                                                           lse, m, is_causal, s, dropout_p, seed);
                   return TensorList{r.dq, r.dk, r.dv};

@@ -1,5 +1,6 @@
 // Elementwise ops: forward via kernels::binary / kernels::unary, backward beside each.
 // Broadcasting needs no code here: the engine sums each gradient back to its input's shape.
+#include <cmath>
 #include <limits>
 
 #include "tapestry/autograd/functions.h"
@@ -113,7 +114,7 @@ Tensor neg(const Tensor& a) {
 Tensor exp(const Tensor& a) {
   Tensor out = kernels::unary("exp", Unary::Exp, a);
   if (!any_requires_grad({a})) return out;
-  SavedTensor y(out, "ExpBackward");
+  SavedTensor y = SavedTensor::output(out, "ExpBackward");
   return record("ExpBackward", out, {a}, [y](const Tensor& g) { return TensorList{mul(g, y.get())}; });
 }
 
@@ -134,14 +135,14 @@ Tensor log1p(const Tensor& a) {
 Tensor expm1(const Tensor& a) {
   Tensor out = kernels::unary("expm1", Unary::Expm1, a);
   if (!any_requires_grad({a})) return out;
-  SavedTensor y(out, "Expm1Backward");
+  SavedTensor y = SavedTensor::output(out, "Expm1Backward");
   return record("Expm1Backward", out, {a}, [y](const Tensor& g) { return TensorList{mul(g, add(y.get(), 1.0))}; });
 }
 
 Tensor sqrt(const Tensor& a) {
   Tensor out = kernels::unary("sqrt", Unary::Sqrt, a);
   if (!any_requires_grad({a})) return out;
-  SavedTensor y(out, "SqrtBackward");
+  SavedTensor y = SavedTensor::output(out, "SqrtBackward");
   // d sqrt(x) = 1 / (2 sqrt(x))
   return record("SqrtBackward", out, {a}, [y](const Tensor& g) { return TensorList{div(mul(g, 0.5), y.get())}; });
 }
@@ -149,7 +150,7 @@ Tensor sqrt(const Tensor& a) {
 Tensor rsqrt(const Tensor& a) {
   Tensor out = kernels::unary("rsqrt", Unary::Rsqrt, a);
   if (!any_requires_grad({a})) return out;
-  SavedTensor y(out, "RsqrtBackward");
+  SavedTensor y = SavedTensor::output(out, "RsqrtBackward");
   // d x^-1/2 = -1/2 x^-3/2 = -1/2 y^3
   return record("RsqrtBackward", out, {a}, [y](const Tensor& g) {
     Tensor yv = y.get();
@@ -170,7 +171,7 @@ Tensor pow(const Tensor& a, double p) {
 Tensor tanh(const Tensor& a) {
   Tensor out = kernels::unary("tanh", Unary::Tanh, a);
   if (!any_requires_grad({a})) return out;
-  SavedTensor y(out, "TanhBackward");
+  SavedTensor y = SavedTensor::output(out, "TanhBackward");
   return record("TanhBackward", out, {a}, [y](const Tensor& g) {
     Tensor yv = y.get();
     return TensorList{mul(g, rsub(mul(yv, yv), 1.0))};
@@ -180,9 +181,10 @@ Tensor tanh(const Tensor& a) {
 Tensor relu(const Tensor& a) {
   Tensor out = kernels::unary("relu", Unary::Relu, a);
   if (!any_requires_grad({a})) return out;
-  SavedTensor y(out, "ReluBackward");
+  SavedTensor y = SavedTensor::output(out, "ReluBackward");
   return record("ReluBackward", out, {a}, [y](const Tensor& g) {
     Tensor yv = y.get();
+    if (GradMode::is_enabled()) return TensorList{where(gt(yv, 0.0), g, 0.0)};  // a recording backward
     return TensorList{kernels::binary("relu_backward", Binary::ReluBackward, g, yv)};
   });
 }
@@ -195,15 +197,40 @@ Tensor gelu(const Tensor& a, const std::string& approximate) {
   if (!any_requires_grad({a})) return out;
   SavedTensor x(a, "GeluBackward");
   return record("GeluBackward", out, {a}, [x, tanh_form](const Tensor& g) {
+    if (GradMode::is_enabled()) return TensorList{gelu_backward(g, x.get(), tanh_form)};  // a recording backward
     return TensorList{
         kernels::binary("gelu_backward", tanh_form ? Binary::GeluTanhBackward : Binary::GeluBackward, g, x.get())};
+  });
+}
+
+Tensor gelu_backward(const Tensor& g, const Tensor& x, bool tanh_form) {
+  // g gelu'(x) from the fused kernel; its own derivative rule: d/dg = gelu'(x) (this op again),
+  // d/dx = g gelu''(x), written with recorded ops so that it differentiates once more.
+  Tensor out = kernels::binary("gelu_backward", tanh_form ? Binary::GeluTanhBackward : Binary::GeluBackward, g, x);
+  if (!any_requires_grad({g, x})) return out;
+  SavedTensor sg(g, "GeluBackwardBackward"), sx(x, "GeluBackwardBackward");
+  return record("GeluBackwardBackward", out, {g, x}, [sg, sx, tanh_form](const Tensor& gg) {
+    const Tensor xv = sx.get();
+    const Tensor x2 = mul(xv, xv);
+    Tensor second;
+    if (tanh_form) {
+      // u = k (x + c x^3), t = tanh(u): gelu'' = (1 - t^2) (u' - x t u'^2 + x u'' / 2)
+      const double k = std::sqrt(2.0 / M_PI), c = 0.044715;
+      const Tensor t = tanh(mul(add(xv, mul(mul(x2, xv), c)), k));
+      const Tensor du = mul(add(mul(x2, 3.0 * c), 1.0), k), ddu = mul(xv, 6.0 * c * k);
+      second = mul(rsub(mul(t, t), 1.0), add(sub(du, mul(mul(xv, t), mul(du, du))), mul(mul(xv, ddu), 0.5)));
+    } else {
+      // gelu'' = phi(x) (2 - x^2), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+      second = mul(mul(exp(mul(x2, -0.5)), 1.0 / std::sqrt(2.0 * M_PI)), rsub(x2, 2.0));
+    }
+    return TensorList{gelu_backward(gg, xv, tanh_form), mul(mul(gg, sg.get()), second)};
   });
 }
 
 Tensor sigmoid(const Tensor& a) {
   Tensor out = kernels::unary("sigmoid", Unary::Sigmoid, a);
   if (!any_requires_grad({a})) return out;
-  SavedTensor y(out, "SigmoidBackward");
+  SavedTensor y = SavedTensor::output(out, "SigmoidBackward");
   return record("SigmoidBackward", out, {a}, [y](const Tensor& g) {
     Tensor yv = y.get();
     return TensorList{mul(g, mul(yv, rsub(yv, 1.0)))};

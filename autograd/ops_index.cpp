@@ -11,7 +11,9 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   Shape in = a.sizes();
   SavedTensor idx(index, "IndexSelectBackward");
   return record("IndexSelectBackward", out, {a}, [in, dim, idx](const Tensor& g) {
-    return TensorList{kernels::index_add(in, dim, idx.get(), g)};
+    const Tensor i = idx.get();
+    return TensorList{linear_in_grad("IndexAddBackward", kernels::index_add(in, dim, i, g), g,
+                                     [dim, i](const Tensor& gg) { return index_select(gg, dim, i); })};
   });
 }
 
@@ -37,9 +39,14 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, std::optional<int64_t>
   SavedTensor saved_ids(flat, "EmbeddingBackward");  // flat may share the caller's ids storage
   return record("EmbeddingBackward", out, {weight}, [in, saved_ids, padding_idx](const Tensor& g) {
     Tensor ids_flat = saved_ids.get();
-    Tensor gw = kernels::index_add(in, 0, ids_flat, reshape(g, {ids_flat.numel(), in[1]}));
+    Tensor g2 = reshape(g, {ids_flat.numel(), in[1]});
+    Tensor gw = kernels::index_add(in, 0, ids_flat, g2);
     if (padding_idx >= 0) kernels::fill_(select(gw, 0, padding_idx), 0.0);
-    return TensorList{gw};
+    // Its adjoint: the rows looked up again, the padding row's gradient zero.
+    return TensorList{linear_in_grad("EmbeddingBackwardBackward", gw, g2, [ids_flat, padding_idx](const Tensor& gg) {
+      Tensor rows = index_select(gg, 0, ids_flat);
+      return padding_idx >= 0 ? where(unsqueeze(ne(ids_flat, static_cast<double>(padding_idx)), 1), rows, 0.0) : rows;
+    })};
   });
 }
 
@@ -49,7 +56,9 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   Shape in = a.sizes();
   SavedTensor idx(index, "GatherBackward");
   return record("GatherBackward", out, {a}, [in, dim, idx](const Tensor& g) {
-    return TensorList{kernels::scatter(in, dim, idx.get(), g, true)};
+    const Tensor i = idx.get();
+    return TensorList{linear_in_grad("GatherBackwardBackward", kernels::scatter(in, dim, i, g, true), g,
+                                     [dim, i](const Tensor& gg) { return gather(gg, dim, i); })};
   });
 }
 
@@ -79,8 +88,12 @@ Tensor scatter_source(const char* op, const Tensor& a, int64_t dim, const Tensor
 Tensor scattered(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) {
   Tensor out = kernels::scatter(shape, dim, index, src, accumulate);
   SavedTensor idx(index, "ScatterBackward");
-  return record(accumulate ? "ScatterAddBackward" : "ScatterBackward", out, {src},
-                [dim, idx](const Tensor& g) { return TensorList{kernels::gather(g, dim, idx.get())}; });
+  return record(accumulate ? "ScatterAddBackward" : "ScatterBackward", out, {src}, [dim, idx](const Tensor& g) {
+    const Tensor i = idx.get();
+    Shape gs = g.sizes();
+    return TensorList{linear_in_grad("ScatterBackwardBackward", kernels::gather(g, dim, i), g,
+                                     [gs, dim, i](const Tensor& gg) { return scattered(gs, dim, i, gg, true); })};
+  });
 }
 
 }  // namespace
@@ -153,6 +166,16 @@ TensorList chunk(const Tensor& a, int64_t chunks, int64_t dim) {
   return split(a, (n + chunks - 1) / chunks, dim);
 }
 
+namespace {
+// The mask of `seed`, applied: dropout's backward is the same op on the gradient (self-adjoint),
+// so that a recording backward records it too.
+Tensor dropout_with_seed(const Tensor& a, double p, uint64_t seed) {
+  return record("DropoutBackward", kernels::dropout(a, p, seed), {a}, [p, seed](const Tensor& g) {
+    return TensorList{dropout_with_seed(g, p, seed)};
+  });
+}
+}  // namespace
+
 Tensor dropout(const Tensor& a, double p, bool training, Generator* gen) {
   TP_CHECK(p >= 0 && p <= 1, "dropout: probability must be in [0, 1], got {}", p);
   if (!training || p == 0) return a;
@@ -160,8 +183,7 @@ Tensor dropout(const Tensor& a, double p, bool training, Generator* gen) {
   // One draw from the generator seeds the whole mask; backward regenerates the same mask from
   // the seed instead of keeping it.
   const uint64_t seed = (gen ? *gen : default_generator()).engine()();
-  return record("DropoutBackward", kernels::dropout(a, p, seed), {a},
-                [p, seed](const Tensor& g) { return TensorList{kernels::dropout(g, p, seed)}; });
+  return dropout_with_seed(a, p, seed);
 }
 
 }  // namespace tapestry

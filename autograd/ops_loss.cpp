@@ -1,6 +1,7 @@
 // Losses. cross_entropy keeps only the logits (already alive as the generator's output) and each
 // row's log-sum-exp (its max and log sum, [N, 2]) for backward: the (tokens x vocab) probabilities are never stored.
 #include "tapestry/autograd/functions.h"
+#include "tapestry/ops/detail/backend.h"
 #include "tapestry/ops/detail/kernels.h"
 
 namespace tapestry {
@@ -13,6 +14,20 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double smoothin
   SavedTensor sx(logits, "CrossEntropyBackward"), st(target, "CrossEntropyBackward");
   Tensor lse = r.lse, scale = r.scale;
   return record("CrossEntropyBackward", r.loss, {logits}, [sx, st, lse, smoothing, ignore_index, scale](const Tensor& g) {
+    if (GradMode::is_enabled()) {
+      // A recording backward: scale g (sum(q) softmax(x) - q) on the counted rows, as recorded
+      // ops of x and g (q, the smoothed target distribution, is a constant).
+      const Tensor x = sx.get(), t = st.get();
+      const int64_t C = x.size(1);
+      const kernels::Smoothing q = kernels::smoothing_for(smoothing, C, ignore_index);
+      const Tensor counted = ne(t, static_cast<double>(ignore_index));
+      const Tensor gold = unsqueeze(where(counted, t, 0.0), 1);
+      Tensor dist = scatter(full(x.sizes(), q.other, x.options()), 1, gold, q.gold);
+      if (q.skip >= 0) dist = masked_fill(dist, unsqueeze(eq(arange(C, TensorOptions(DType::Int64, x.device())),
+                                                           static_cast<double>(q.skip)), 0), 0.0);
+      const Tensor per_row = where(unsqueeze(counted, 1), sub(mul(softmax(x, 1), q.total), dist), 0.0);
+      return TensorList{mul(per_row, mul(g, scale))};
+    }
     Tensor gs = kernels::binary("cross_entropy", kernels::Binary::Mul, scale, g);
     return TensorList{kernels::cross_entropy_backward(sx.get(), st.get(), lse, smoothing, ignore_index, gs)};
   });

@@ -48,6 +48,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   const Device device = a.device();
   return record("MmBackward", out, {a, b}, [sa, sb, need_a, need_b, prec, device](const Tensor& g) {
     AutocastGuard at(prec, device);
+    if (GradMode::is_enabled())  // a recording backward: the products as recorded ops
+      return TensorList{need_a ? matmul(g, transpose(sb.get(), -1, -2)) : Tensor(),
+                        need_b ? matmul(transpose(sa.get(), -1, -2), g) : Tensor()};
     return TensorList{need_a ? kernels::matmul(g, transpose(sb.get(), -1, -2)) : Tensor(),
                       need_b ? kernels::matmul(transpose(sa.get(), -1, -2), g) : Tensor()};
   });
@@ -88,10 +91,20 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (!any_requires_grad({x, w, b})) return y;
   bool need_x = x.requires_grad(), need_w = w.requires_grad(), need_b = b.defined() && b.requires_grad();
   SavedTensor sx(need_w ? x2 : Tensor(), "LinearBackward"), sw(need_x ? w : Tensor(), "LinearBackward");
+  // x itself, with its history, for a recording backward (x2 is a raw view without one).
+  SavedTensor sxh(need_w && need_x ? x : Tensor(), "LinearBackward");
   Shape x_shape = x.sizes();
   const Device device = x.device();
   return record("LinearBackward", y, {x, w, b}, [=](const Tensor& g) {
     AutocastGuard at(prec, device);
+    if (GradMode::is_enabled()) {  // a recording backward: the same products as recorded ops
+      TensorList grads(3);
+      const Tensor xv = need_x ? sxh.get() : sx.get();
+      if (need_x) grads[0] = matmul(g, sw.get());
+      if (need_w) grads[1] = matmul(transpose(reshape(g, {-1, out_f}), 0, 1), reshape(xv, {-1, in_f}));
+      if (need_b) grads[2] = reshape(sum(reshape(g, {-1, out_f}), {0}), {out_f});
+      return grads;
+    }
     Tensor g2 = rows_of(g, out_f);  // (N, out)
     TensorList grads(3);
     if (need_x) grads[0] = raw_view(kernels::matmul(g2, sw.get()), x_shape, contiguous_strides(x_shape));

@@ -92,7 +92,8 @@ ValuesIndices extremum_dim(const char* op, const char* node, Reduce kind, const 
   Tensor idx = keepdim ? indices : unsqueeze(indices, dim);
   values = record(node, values, {a}, [in, dim, keepdim, idx](const Tensor& g) {
     Tensor gk = keepdim ? g : unsqueeze(g, dim);
-    return TensorList{kernels::scatter(in, dim, idx, gk, true)};
+    return TensorList{linear_in_grad("MaxBackwardBackward", kernels::scatter(in, dim, idx, gk, true), gk,
+                                     [dim, idx](const Tensor& gg) { return gather(gg, dim, idx); })};
   });
   return {values, indices};
 }
@@ -121,8 +122,13 @@ Tensor softmax_impl(const Tensor& a, int64_t dim, bool log) {
   dim = wrap_dim(op, dim, a.dim());
   Tensor out = kernels::softmax(a, dim, log);
   if (!any_requires_grad({a})) return out;
-  SavedTensor y(out, log ? "LogSoftmaxBackward" : "SoftmaxBackward");
+  SavedTensor y = SavedTensor::output(out, log ? "LogSoftmaxBackward" : "SoftmaxBackward");
   return record(log ? "LogSoftmaxBackward" : "SoftmaxBackward", out, {a}, [y, dim, log](const Tensor& g) {
+    if (GradMode::is_enabled()) {  // a recording backward: the fused formula as recorded ops
+      const Tensor yv = y.get();
+      if (log) return TensorList{sub(g, mul(exp(yv), sum(g, {dim}, true)))};
+      return TensorList{mul(yv, sub(g, sum(mul(g, yv), {dim}, true)))};
+    }
     return TensorList{kernels::softmax_backward(y.get(), g, dim, log)};
   });
 }
@@ -144,6 +150,8 @@ Tensor logsumexp(const Tensor& a, int64_t dim, bool keepdim) {
 }
 
 namespace {
+Tensor mean_of(const Tensor& a, const std::vector<int64_t>& dims) { return mean(a, dims, true); }
+
 // layer_norm and rms_norm (center false: no mean subtracted, no bias): one kernel pair.
 Tensor norm_impl(const char* op, const char* node, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                  const Tensor& bias, double eps, bool center) {
@@ -159,10 +167,23 @@ Tensor norm_impl(const char* op, const char* node, const Tensor& x, const Shape&
   TP_CHECK(eps >= 0, "{}: eps must be at least 0, got {}", op, eps);
   auto r = kernels::layer_norm(x, k, weight, bias, eps, center);
   if (!any_requires_grad({x, weight, bias})) return r.y;
-  SavedTensor sx(x, node), sw(weight, node);
+  SavedTensor sx(x, node), sw(weight, node), sb(bias, node);
   Tensor mean = r.mean, rstd = r.rstd;
   bool need_wb = (weight.defined() && weight.requires_grad()) || (bias.defined() && bias.requires_grad());
-  return record(node, r.y, {x, weight, bias}, [sx, sw, mean, rstd, k, need_wb, center](const Tensor& g) {
+  return record(node, r.y, {x, weight, bias}, [sx, sw, sb, mean, rstd, k, need_wb, center, eps](const Tensor& g) {
+    if (GradMode::is_enabled()) {  // a recording backward: through the composite, whose ops record
+      return composite_vjp(
+          [k, center, eps](const TensorList& in) {
+            std::vector<int64_t> dims;
+            for (int64_t d = in[0].dim() - k; d < in[0].dim(); ++d) dims.push_back(d);
+            Tensor xc = center ? sub(in[0], mean_of(in[0], dims)) : in[0];
+            Tensor y = mul(xc, rsqrt(add(mean_of(mul(xc, xc), dims), eps)));
+            if (in[1].defined()) y = mul(y, in[1]);
+            if (in[2].defined()) y = add(y, in[2]);
+            return y;
+          },
+          {sx.get(), sw.get(), sb.get()}, g);
+    }
     auto gr = kernels::layer_norm_backward(g, sx.get(), mean, rstd, k, sw.get(), need_wb, center);
     return TensorList{gr.dx, gr.dweight, gr.dbias};
   });

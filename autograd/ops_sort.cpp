@@ -12,8 +12,8 @@ namespace {
 Tensor triangle_op(const char* op, const char* node, const Tensor& a, int64_t diagonal, bool upper) {
   Tensor out = kernels::triangle(op, a, diagonal, upper);
   if (!any_requires_grad({a})) return out;
-  return record(node, out, {a}, [op, diagonal, upper](const Tensor& g) {
-    return TensorList{kernels::triangle(op, g, diagonal, upper)};
+  return record(node, out, {a}, [op, node, diagonal, upper](const Tensor& g) {
+    return TensorList{triangle_op(op, node, g, diagonal, upper)};  // self-adjoint: records in a recording backward
   });
 }
 
@@ -24,7 +24,9 @@ ValuesIndices selected_along(const char* node, const Tensor& a, int64_t dim, Ten
   Shape in = a.sizes();
   SavedTensor idx(indices, node);
   values = record(node, values, {a}, [in, dim, idx](const Tensor& g) {
-    return TensorList{kernels::scatter(in, dim, idx.get(), g, true)};
+    const Tensor i = idx.get();
+    return TensorList{linear_in_grad("SortBackwardBackward", kernels::scatter(in, dim, i, g, true), g,
+                                     [dim, i](const Tensor& gg) { return gather(gg, dim, i); })};
   });
   return {values, indices};
 }
@@ -38,8 +40,10 @@ Tensor cumsum(const Tensor& a, int64_t dim) {
   dim = wrap_dim("cumsum", dim, a.dim());
   Tensor out = kernels::cumsum(a, dim);
   if (!any_requires_grad({a})) return out;
-  return record("CumsumBackward", out, {a},
-                [dim](const Tensor& g) { return TensorList{kernels::cumsum(g, dim, /*reverse=*/true)}; });
+  return record("CumsumBackward", out, {a}, [dim](const Tensor& g) {
+    return TensorList{linear_in_grad("CumsumBackwardBackward", kernels::cumsum(g, dim, /*reverse=*/true), g,
+                                     [dim](const Tensor& gg) { return cumsum(gg, dim); })};
+  });
 }
 
 ValuesIndices sort(const Tensor& a, int64_t dim, bool descending, bool stable) {

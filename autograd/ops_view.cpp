@@ -150,8 +150,13 @@ Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end, int64_t s
   Shape in = a.sizes();
   return record("SliceBackward", out, {a}, [in, dim, start, end, step](const Tensor& g) {
     Tensor ga = zeros(in, g.options());
-    kernels::copy_(slice(ga, dim, start, end, step), g);
-    return TensorList{ga};
+    {
+      NoGradGuard raw;  // a kernel copy into the zeros; a recording backward records its adjoint below
+      kernels::copy_(slice(ga, dim, start, end, step), g);
+    }
+    return TensorList{linear_in_grad("SliceBackwardBackward", ga, g, [dim, start, end, step](const Tensor& gg) {
+      return slice(gg, dim, start, end, step);
+    })};
   });
 }
 
@@ -169,8 +174,12 @@ Tensor select(const Tensor& a, int64_t dim, int64_t index) {
   Shape in = a.sizes();
   return record("SelectBackward", out, {a}, [in, dim, index](const Tensor& g) {
     Tensor ga = zeros(in, g.options());
-    kernels::copy_(select(ga, dim, index), g);
-    return TensorList{ga};
+    {
+      NoGradGuard raw;  // as slice's
+      kernels::copy_(select(ga, dim, index), g);
+    }
+    return TensorList{linear_in_grad("SelectBackwardBackward", ga, g,
+                                     [dim, index](const Tensor& gg) { return select(gg, dim, index); })};
   });
 }
 
@@ -220,18 +229,22 @@ Tensor unfold(const Tensor& a, int64_t dim, int64_t size, int64_t step) {
   const int64_t windows = a.dim() == 0 ? 1 : s[dim];
   return record("UnfoldBackward", alias(a, s, st, a.offset()), {a}, [in, dim, size, step, windows](const Tensor& g) {
     Tensor ga = zeros(in, g.options());
-    if (in.empty()) {
-      if (size == 1) kernels::copy_(ga, reshape(g, {}));
-      return TensorList{ga};
+    {
+      NoGradGuard raw;  // kernel adds into the zeros; a recording backward records the adjoint below
+      if (in.empty()) {
+        if (size == 1) kernels::copy_(ga, reshape(g, {}));
+      } else {
+        // Element k of every window: a step-strided slice of the input, which no two windows'
+        // k-th elements share, so each k is one in-place add.
+        const int64_t last = g.dim() - 1;
+        for (int64_t k = 0; k < size && windows > 0; ++k) {
+          Tensor dst = slice(ga, dim, k, k + (windows - 1) * step + 1, step);
+          kernels::binary_("unfold", kernels::Binary::Add, dst, select(g, last, k));
+        }
+      }
     }
-    // Element k of every window: a step-strided slice of the input, which no two windows'
-    // k-th elements share, so each k is one in-place add.
-    const int64_t last = g.dim() - 1;
-    for (int64_t k = 0; k < size && windows > 0; ++k) {
-      Tensor dst = slice(ga, dim, k, k + (windows - 1) * step + 1, step);
-      kernels::binary_("unfold", kernels::Binary::Add, dst, select(g, last, k));
-    }
-    return TensorList{ga};
+    return TensorList{linear_in_grad("UnfoldBackwardBackward", ga, g,
+                                     [dim, size, step](const Tensor& gg) { return unfold(gg, dim, size, step); })};
   });
 }
 
@@ -279,15 +292,14 @@ Tensor to(const Tensor& a, DType dtype) {
   DType in = a.dtype();
   TP_CHECK(!(GradMode::is_enabled() && a.requires_grad() && !is_floating(dtype)),
            "to: cannot convert a tensor that requires grad to {} (gradients need a floating type)", dtype);
-  return record("ToBackward", kernels::to_dtype(a, dtype), {a},
-                [in](const Tensor& g) { return TensorList{kernels::to_dtype(g, in)}; });
+  return record("ToBackward", kernels::to_dtype(a, dtype), {a}, [in](const Tensor& g) { return TensorList{to(g, in)}; });
 }
 
 Tensor to(const Tensor& a, Device device) {
   if (a.device() == device) return a;
   Device in = a.device();
   return record("ToDeviceBackward", kernels::to_device(a, device), {a},
-                [in](const Tensor& g) { return TensorList{kernels::to_device(g, in)}; });
+                [in](const Tensor& g) { return TensorList{to(g, in)}; });
 }
 
 }  // namespace tapestry

@@ -28,7 +28,9 @@ bool Tensor::retains_grad() const {
   return fn && fn->retained.lock() == impl_ptr();
 }
 
-void Tensor::backward(const Tensor& grad, bool retain_graph) const { run_backward(*this, grad, retain_graph); }
+void Tensor::backward(const Tensor& grad, bool retain_graph, bool create_graph) const {
+  run_backward(*this, grad, retain_graph, create_graph);
+}
 
 HookHandle Tensor::register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook) const {
   TP_CHECK(requires_grad() && is_leaf(),

@@ -117,7 +117,9 @@ class Tensor {
   bool retains_grad() const;
   const std::shared_ptr<Node>& grad_fn() const { return impl().grad_fn; }
   std::string grad_fn_name() const;
-  void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
+  // create_graph: the backward records its own ops, so the .grad it leaves can be differentiated
+  // again (second derivatives); it implies retain_graph, as in PyTorch.
+  void backward(const Tensor& grad = Tensor(), bool retain_graph = false, bool create_graph = false) const;
   Tensor detach() const;  // same storage, no history
   // As PyTorch's: `hook(leaf)` runs once per backward, right after that backward has added this
   // leaf's gradient into leaf.grad() (so grad() is final for that backward), while the backward

@@ -13,7 +13,7 @@
 //   1. every op of the OpInfo table (tests/opinfo.h), every sample PyTorch accepts, on inputs
 //      with the same layout (non-contiguous, expanded, 0-d, empty): the same outputs, the same
 //      gradients and the same errors as the CPU (as ggml's test-backend-ops does);
-//   2. gradcheck in float64 on the device for the differentiable float64 samples;
+//   2. gradcheck and gradgradcheck in float64 on the device for the differentiable float64 samples;
 //   3. one Transformer and one GPT training step, dropout on (the same masks on both devices): the
 //      loss, every gradient and every weight after Adam, in float64 and float32;
 //   4. the optimizers (SGD with momentum and Nesterov, Adam, AdamW with groups, clipping), anomaly
@@ -192,6 +192,9 @@ void check_op_table(Device device, const std::string& prefix = "") {
       }
       const std::string failed = error_of([&] { gradcheck(f, leaves); });
       expect(failed.empty(), where + ": gradcheck on the device: " + failed);
+      // Second derivatives too, through a backward that records (create_graph) on the device.
+      const std::string failed2 = error_of([&] { gradgradcheck(f, leaves); });
+      expect(failed2.empty(), where + ": gradgradcheck on the device: " + failed2);
     }
   }
   std::printf("device_check: %zu op samples%s on %s agree with the CPU\n", samples,
@@ -886,7 +889,7 @@ const std::vector<Section>& sections() {
   static const std::vector<Section> all = {
       {"runtime", "mixed devices, device-side errors, counts, round trips, the caching allocator", false, check_runtime},
       {"regressions", "the bugs a first GPU run would have hit", false, check_regressions},
-      {"ops", "every op of the OpInfo table: outputs, gradients, errors, float64 gradcheck", false,
+      {"ops", "every op of the OpInfo table: outputs, gradients, errors, float64 gradcheck and gradgradcheck", false,
        [](Device d) { check_op_table(d); }},
       {"steps", "a Transformer and a GPT train step in float64 and float32", false,
        [](Device d) {

@@ -579,6 +579,12 @@ void add_elementwise_rows(std::vector<OpInfo>& t) {
   entry("gelu", "F.gelu(a)", one([](X x) { return gelu(x[0]); }), {true}, {unary_samples(Dom::Real, false)}).link = Link::Smooth;
   entry("gelu_tanh", "F.gelu(a, approximate='tanh')", one([](X x) { return gelu(x[0], "tanh"); }), {true},
         {unary_samples(Dom::Real, false)}).link = Link::Smooth;
+  // gelu's backward as an op of its own (a second derivative's building block), as aten's.
+  entry("gelu_backward", "torch.ops.aten.gelu_backward(a, b)", one([](X x) { return gelu_backward(x[0], x[1]); }),
+        {true, true}, {binary_samples({Dom::Real, Dom::Real, false, false})});
+  entry("gelu_backward_tanh", "torch.ops.aten.gelu_backward(a, b, approximate='tanh')",
+        one([](X x) { return gelu_backward(x[0], x[1], true); }), {true, true},
+        {binary_samples({Dom::Real, Dom::Real, false, false})});
   entry("relu", "torch.relu(a)", one([](X x) { return relu(x[0]); }), {true},
         {unary_samples(Dom::Real, true, {0.0, -0.0, 0.0})}).link = Link::Kinked;
   entry("abs", "torch.abs(a)", one([](X x) { return abs(x[0]); }), {true},

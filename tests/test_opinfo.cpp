@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <functional>
+#include <utility>
 
 #include "tests/helpers.h"
 #include "tests/opinfo.h"
@@ -78,7 +80,12 @@ TEST_CASE("opinfo: op names are unique") {
   CHECK(std::adjacent_find(names.begin(), names.end()) == names.end());
 }
 
-TEST_CASE("opinfo: gradcheck on every differentiable float64 sample with finite values") {
+namespace {
+
+// Every differentiable float64 sample with finite values, as (f of its differentiable inputs,
+// gradcheck's leaves), to `check`; returns (checked, skipped).
+std::pair<size_t, size_t> for_each_differentiable_sample(
+    const std::function<void(const std::function<Tensor(const TensorList&)>&, const TensorList&)>& check) {
   size_t checked = 0, skipped = 0;
   for (const OpInfo& op : op_table()) {
     std::vector<Sample> samples = make_samples(op, 2);
@@ -131,14 +138,30 @@ TEST_CASE("opinfo: gradcheck on every differentiable float64 sample with finite 
       }
       INFO(op.name, " [", s.desc, "]: ", op.expr);
       try {
-        CHECK(gradcheck(f, gradcheck_leaves(s.inputs, pos)));
+        check(f, gradcheck_leaves(s.inputs, pos));
       } catch (const std::exception& e) {
         FAIL_CHECK(e.what());
       }
       ++checked;
     }
   }
+  return {checked, skipped};
+}
+
+}  // namespace
+
+TEST_CASE("opinfo: gradcheck on every differentiable float64 sample with finite values") {
+  auto [checked, skipped] = for_each_differentiable_sample(
+      [](const auto& f, const TensorList& leaves) { CHECK(gradcheck(f, leaves)); });
   MESSAGE(checked, " samples gradchecked, ", skipped, " skipped");
+  CHECK(checked > 200);
+}
+
+TEST_CASE("opinfo: gradgradcheck on every differentiable float64 sample with finite values") {
+  // Second derivatives through a backward that records (create_graph), for every op of the table.
+  auto [checked, skipped] = for_each_differentiable_sample(
+      [](const auto& f, const TensorList& leaves) { CHECK(gradgradcheck(f, leaves)); });
+  MESSAGE(checked, " samples gradgradchecked, ", skipped, " skipped");
   CHECK(checked > 200);
 }
 

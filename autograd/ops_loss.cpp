@@ -55,18 +55,19 @@ Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction, double beta) {
   check_floating("smooth_l1_loss", input, target);
   TP_CHECK(beta >= 0, "smooth_l1_loss: beta must be at least 0, got {}", beta);
-  const Tensor d = abs(sub(input, target));
+  const Tensor diff = sub(input, target), d = abs(diff);
   if (beta == 0) return reduced(d, reduction);
-  // The quadratic branch on d clamped to beta: where it is not taken its gradient is 0, and never
-  // 0 * inf = NaN at an infinite difference.
-  const Tensor q = clamp(d, 0.0, beta);
+  // The quadratic branch on the difference clamped to [-beta, beta]: where it is not taken its
+  // gradient is 0, and never 0 * inf = NaN at an infinite difference. Signed, not |d|, so that its
+  // second derivative at d = 0 is 1 / beta, as PyTorch's (|d|'s is 0 there).
+  const Tensor q = clamp(diff, -beta, beta);
   return reduced(where(lt(d, beta), mul(mul(q, q), 0.5 / beta), sub(d, 0.5 * beta)), reduction);
 }
 
 Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction, double delta) {
   check_floating("huber_loss", input, target);
   TP_CHECK(delta > 0, "huber_loss: delta must be positive, got {}", delta);
-  const Tensor d = abs(sub(input, target)), q = clamp(d, 0.0, delta);  // q: as smooth_l1_loss's
+  const Tensor diff = sub(input, target), d = abs(diff), q = clamp(diff, -delta, delta);  // q: as smooth_l1_loss's
   return reduced(where(lt(d, delta), mul(mul(q, q), 0.5), mul(sub(d, 0.5 * delta), delta)), reduction);
 }
 

@@ -7,6 +7,7 @@
 // shows up there as a mismatch.
 #include "tests/opinfo.h"
 #include "tests/layouts.h"
+#include "tapestry/autograd/functional.h"
 
 #include <algorithm>
 #include <cmath>
@@ -1591,6 +1592,43 @@ RunResult run_case(const OpFn& fn, const TensorList& inputs_in, const std::vecto
     if (!r.grad_input[i]) continue;
     Tensor g = inputs[i].grad();
     r.grads[i] = g.defined() ? g : zeros(inputs[i].sizes(), inputs[i].dtype());
+  }
+  if (!r.backward_error.empty()) return r;
+  // Second order: the same gradient again, recorded, then differentiated against directions u.
+  r.dirs.assign(inputs.size(), Tensor());
+  r.grads2.assign(inputs.size(), Tensor());
+  try {
+    TensorList leaves, again = inputs;
+    std::vector<size_t> pos;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (r.grad_input[i]) {
+        again[i] = inputs[i].detach().requires_grad_();
+        leaves.push_back(again[i]);
+        pos.push_back(i);
+      }
+    if (leaves.empty()) return r;
+    TensorList outs = fn(again);
+    TensorList used, weights;
+    for (size_t j = 0; j < outs.size() && j < r.gouts.size(); ++j)
+      if (r.gouts[j].defined() && outs[j].defined() && outs[j].requires_grad()) {
+        used.push_back(outs[j]);
+        weights.push_back(r.gouts[j]);
+      }
+    Generator gen(seed + 7919);
+    for (size_t k = 0; k < pos.size(); ++k) r.dirs[pos[k]] = randn(leaves[k].sizes(), leaves[k].options(), &gen);
+    TensorList first = used.empty() ? TensorList(leaves.size())
+                                    : autograd::grad(used, leaves, weights, true, /*create_graph=*/true, true);
+    Tensor s;
+    for (size_t k = 0; k < pos.size(); ++k) {
+      if (!first[k].defined() || !first[k].requires_grad()) continue;
+      Tensor term = sum(mul(first[k], r.dirs[pos[k]]));
+      s = s.defined() ? add(s, term) : term;
+    }
+    TensorList second = s.defined() ? autograd::grad({s}, leaves, {}, false, false, true) : TensorList(leaves.size());
+    for (size_t k = 0; k < pos.size(); ++k)
+      r.grads2[pos[k]] = second[k].defined() ? second[k] : zeros(leaves[k].sizes(), leaves[k].options());
+  } catch (const std::exception& e) {
+    r.backward2_error = e.what();
   }
   return r;
 }

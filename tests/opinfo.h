@@ -81,6 +81,11 @@ struct RunResult {
   std::vector<bool> grad_input; // per input: requires grad
   TensorList grads;             // per input; zeros where no gradient reached it, undefined if !grad_input
   std::string backward_error;   // non-empty when the backward threw
+  // Second order, after a first backward that worked: with random directions u (per
+  // differentiable input), grads2[i] = d <grads(gouts), u> / d input i, from a backward that
+  // records (create_graph) on fresh leaves; zeros where nothing reached an input.
+  TensorList dirs, grads2;
+  std::string backward2_error;
 };
 RunResult run_case(const OpFn& fn, const TensorList& inputs, const std::vector<bool>& differentiable, uint64_t seed);
 

@@ -100,6 +100,23 @@ struct Dump {
     c["gouts"] = gouts;
     c["grads"] = grads;
     c["backward_error"] = null_or(r.backward_error);
+    // Second order (RunResult::grads2): the directions and d <J^T gout, u> / d input.
+    json dirs = json::array(), grads2 = json::array();
+    for (size_t i = 0; i < r.grads2.size(); ++i) {
+      if (r.grads2[i].defined() && r.backward2_error.empty()) {
+        const std::string d = id + ".dir" + std::to_string(i), g2 = id + ".gradgrad" + std::to_string(i);
+        tensors.emplace_back(d, r.dirs[i]);
+        tensors.emplace_back(g2, r.grads2[i].detach());
+        dirs.push_back(d);
+        grads2.push_back(g2);
+      } else {
+        dirs.push_back(nullptr);
+        grads2.push_back(nullptr);
+      }
+    }
+    c["dirs"] = dirs;
+    c["grads2"] = grads2;
+    c["backward2_error"] = null_or(r.backward2_error);
     cases.push_back(std::move(c));
   }
 };

@@ -2,7 +2,8 @@
 //   (a) every sample runs forward and backward; a tapestry::Error is allowed exactly on the samples
 //       where PyTorch raises (and required there), and nothing else may ever be thrown;
 //   (b) every differentiable float64 sample with finite values passes gradcheck;
-//   (c) random op programs run, and the smooth ones pass gradcheck.
+//   (c) random op programs run, and the smooth ones pass gradcheck and gradgradcheck;
+//   (d) every such sample passes gradgradcheck too (second derivatives, create_graph).
 // The values themselves are compared with PyTorch by tests/opinfo.sh (ctest opinfo_parity).
 #include <algorithm>
 #include <cmath>
@@ -66,6 +67,7 @@ TEST_CASE("opinfo: every sample runs - tapestry throws exactly where PyTorch rai
       } else {
         CHECK_MESSAGE(!r.threw, "unexpected error: ", r.error);
         CHECK_MESSAGE(r.backward_error.empty(), "backward threw: ", r.backward_error);
+        CHECK_MESSAGE(r.backward2_error.empty(), "the second-order backward threw: ", r.backward2_error);
       }
       ++n_samples;
     }
@@ -165,7 +167,7 @@ TEST_CASE("opinfo: gradgradcheck on every differentiable float64 sample with fin
   CHECK(checked > 200);
 }
 
-TEST_CASE("opinfo: random op programs run, and the smooth ones pass gradcheck") {
+TEST_CASE("opinfo: random op programs run, and the smooth ones pass gradcheck and gradgradcheck") {
   std::mt19937_64 rng(7);
   size_t checked = 0;
   for (int i = 0; i < 100; ++i) {
@@ -185,6 +187,7 @@ TEST_CASE("opinfo: random op programs run, and the smooth ones pass gradcheck") 
     opt.atol = 1e-4;
     try {
       CHECK(gradcheck([&p](const TensorList& xs) { return p.fn(xs).at(0); }, gradcheck_leaves(p.inputs, pos), opt));
+      CHECK(gradgradcheck([&p](const TensorList& xs) { return p.fn(xs).at(0); }, gradcheck_leaves(p.inputs, pos), opt));
     } catch (const std::exception& e) {
       FAIL_CHECK(e.what());
     }

@@ -13,7 +13,9 @@ expression, and checks
   - the forward values: dtype and shape equal, NaN == NaN, infinities equal, float64 within
     atol 1e-9 + rtol 1e-7, float32 within 1e-5 + 1e-5, integers and bools exactly;
   - the gradients: one backward of sum_j <out_j, gout_j> with tapestry's upstream gradients,
-    compared input by input (no gradient = zeros), with the same tolerances.
+    compared input by input (no gradient = zeros), with the same tolerances;
+  - the second-order gradients: d <grads, u> / d inputs for tapestry's random directions u, from
+    a backward with create_graph on both sides (torch.autograd.grad), with the same tolerances.
 One line per mismatch, then "opinfo: N cases, M mismatches"; exit status 1 on any mismatch.
 Deliberate differences are listed in ALLOWLIST (by op name, or "op:sample") with the reason,
 and printed as "documented difference: ..." instead of counting as mismatches.
@@ -85,11 +87,27 @@ ALLOWLIST["logsumexp_dim1:float32 near 1e4"] = (
     "error of 1e-3 in the weights; tapestry shifts by the exact max, so its weights keep float32's relative precision")
 
 
+ALLOWLIST["gelu_backward:float32 [2, 3] and [3]"] = (
+    "PyTorch 1.13's CPU gelu_backward sends float32 to oneDNN, which fails on broadcast operands ('could not "
+    "create a primitive descriptor for a reorder primitive'); tapestry broadcasts them, as the float64 samples "
+    "(which agree with PyTorch) do")
+SECOND_ORDER_NONFINITE_REASON = (
+    "second derivatives at infinite or NaN inputs: both sides are non-finite there, and which of inf and NaN a "
+    "formula reaches depends on how it is written")
+SECOND_ORDER_BRANCH_REASON = (
+    "softplus at beta x == threshold exactly, its branch point: PyTorch's double backward takes the linear "
+    "branch's 0 there, tapestry's the smooth branch's sigmoid derivative (its first derivative agrees)")
+
+
 def documented_reason(op, sample, problem):
     """The documented reason for a difference, or None."""
     reason = ALLOWLIST.get(f"{op}:{sample}", ALLOWLIST.get(op))
     if reason:
         return reason
+    if problem.startswith("second-order") and sample.startswith("inf and NaN"):
+        return SECOND_ORDER_NONFINITE_REASON
+    if problem.startswith("second-order") and op.startswith("softplus") and sample == "at the kinks":
+        return SECOND_ORDER_BRANCH_REASON
     degenerate = sample in ("0-d",) or sample.startswith("inf and NaN") or op == "var_correction_exceeds_count"
     if op.startswith("var") and degenerate and problem.startswith("gradient of"):
         return VAR_GRADIENT_REASON
@@ -229,8 +247,9 @@ def compare(ours, ref):
             f"{ours.reshape(-1)[first].item()!r} vs PyTorch {ref.reshape(-1)[first].item()!r}")
 
 
-def check_case(c, tensors):
-    """The list of problems of one case (empty when tapestry and PyTorch agree)."""
+def leaves_and_env(c, tensors):
+    """The case's inputs as fresh tensors in tapestry's layout (leaves that require grad where
+    tapestry's did), and the names its expression reads."""
     inputs = []
     for spec in c["inputs"]:
         x = restride(tensors[spec["tensor"]], spec["strides"], spec["offset"]).detach()
@@ -242,6 +261,51 @@ def check_case(c, tensors):
            "L": list(inputs)}
     for spec, x in zip(c["inputs"], inputs):
         env[spec["name"]] = x
+    return inputs, env
+
+
+def second_order_problems(c, tensors):
+    """d <J^T gout, u> / d inputs (tapestry's RunResult::grads2) against PyTorch's create_graph."""
+    grads2 = c.get("grads2") or []
+    if c.get("backward2_error"):
+        return [f"tapestry's second-order backward threw: {c['backward2_error']}"]
+    if not any(grads2):
+        return []
+    inputs, env = leaves_and_env(c, tensors)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outs = as_list(eval(c["expr"], env))  # noqa: S307 (our own expressions)
+    used = [(outs[j], tensors[g]) for j, g in enumerate(c["gouts"]) if g is not None and outs[j].requires_grad]
+    diff = [i for i, spec in enumerate(c["inputs"]) if spec["grad"]]
+    xs = [inputs[i] for i in diff]
+    first = [None] * len(xs)
+    if used:
+        first = torch.autograd.grad([o for o, _ in used], xs, [w for _, w in used], create_graph=True,
+                                    allow_unused=True)
+    s = None
+    for k, i in enumerate(diff):
+        if first[k] is None or not first[k].requires_grad or c["dirs"][i] is None:
+            continue
+        term = (first[k] * tensors[c["dirs"][i]]).sum()
+        s = term if s is None else s + term
+    second = [None] * len(xs)
+    if s is not None:
+        second = torch.autograd.grad(s, xs, allow_unused=True)
+    problems = []
+    for k, i in enumerate(diff):
+        if grads2[i] is None:
+            problems.append(f"tapestry recorded no second-order gradient for input {i}")
+            continue
+        ref = second[k] if second[k] is not None else torch.zeros_like(xs[k])
+        msg = compare(tensors[grads2[i]], ref.detach())
+        if msg:
+            problems.append(f"second-order gradient of {c['inputs'][i]['name']}: {msg}")
+    return problems
+
+
+def check_case(c, tensors):
+    """The list of problems of one case (empty when tapestry and PyTorch agree)."""
+    inputs, env = leaves_and_env(c, tensors)
 
     outs, torch_error = None, None
     try:
@@ -303,6 +367,11 @@ def check_case(c, tensors):
         msg = compare(tensors[gname], ref)
         if msg:
             problems.append(f"gradient of {spec['name']}: {msg}")
+    if not problems:
+        try:
+            problems += second_order_problems(c, tensors)
+        except Exception as e:  # pylint: disable=broad-except
+            problems.append(f"PyTorch's second-order backward raised {type(e).__name__}: {str(e).splitlines()[0]}")
     return problems
 
 

@@ -21,6 +21,7 @@
 #include "tapestry/models/gpt.h"
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/optim/optimizer.h"
+#include "tests/hvp_dump.h"
 
 using namespace tapestry;
 
@@ -94,6 +95,8 @@ int main(int argc, char** argv) {
     dump.emplace_back("out.logits", logits.detach());
     dump.emplace_back("out.loss", loss.detach());
     dump_grads(dump, named, "grad.");
+    // A Hessian-vector product at the same weights (second-order parity, tests/hvp_dump.h).
+    testing::dump_hvp(dump, named, [&] { return model.loss(ids, targets); }, 11);
 
     // AdamW with GPT-2's two groups; the per-group weight decay overrides the options'.
     optim::ParamGroup decay, no_decay;

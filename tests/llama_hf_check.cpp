@@ -28,6 +28,7 @@
 #include "tapestry/optim/optimizer.h"
 #define DOCTEST_CONFIG_DISABLE  // helpers.h without doctest's runner: a program, not a test suite
 #include "tests/checker.h"
+#include "tests/hvp_dump.h"
 #include "tests/helpers.h"  // error_of
 
 using namespace tapestry;
@@ -126,6 +127,11 @@ int main(int argc, char** argv) {
     for (auto& [name, p] : named) {
       if (!check.expect(p.grad().defined(), name + " got no gradient")) continue;
       dump.emplace_back("grad." + hf_key(name), p.grad().clone());
+    }
+    {  // A Hessian-vector product at the same weights (second-order parity, tests/hvp_dump.h).
+      nn::NamedTensors by_hf_key;
+      for (auto& [name, p] : named) by_hf_key.emplace_back(hf_key(name), p);
+      testing::dump_hvp(dump, by_hf_key, [&] { return model->loss(ids, targets); }, 19);
     }
     const double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
     optim::AdamWOptions ao;

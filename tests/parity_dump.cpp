@@ -8,6 +8,7 @@
 #include "tapestry/models/transformer.h"
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/optim/optimizer.h"
+#include "tests/hvp_dump.h"
 
 using namespace tapestry;
 
@@ -45,6 +46,11 @@ int main(int argc, char** argv) {
     dump.emplace_back("out.logits", logits.detach());
     dump.emplace_back("out.loss", loss.detach());
     for (auto& [name, p] : model.named_parameters()) dump.emplace_back("grad." + name, p.grad());
+    // A Hessian-vector product at the same weights (second-order parity, tests/hvp_dump.h).
+    testing::dump_hvp(dump, model.named_parameters(), [&] {
+      return cross_entropy(model.forward(src, tgt_in).reshape({-1, c.tgt_vocab}), tgt_out.reshape({-1}), smoothing,
+                           c.pad_id);
+    }, 13);
 
     optim::AdamOptions ao;
     ao.lr = lr, ao.beta1 = 0.9, ao.beta2 = 0.98, ao.eps = 1e-9;

@@ -13,6 +13,7 @@
 #include "tapestry/models/vit.h"
 #include "tapestry/nn/safetensors.h"
 #include "tapestry/optim/optimizer.h"
+#include "tests/hvp_dump.h"
 
 using namespace tapestry;
 
@@ -49,6 +50,8 @@ int main(int argc, char** argv) {
       TP_CHECK(p.grad().defined(), "vit_parity_dump: parameter {} got no gradient", name);
       dump.emplace_back("grad." + name, p.grad().clone());
     }
+    // A Hessian-vector product at the same weights (second-order parity, tests/hvp_dump.h).
+    testing::dump_hvp(dump, named, [&] { return model.loss(images, labels); }, 17);
     std::vector<Tensor> decay, no_decay;
     std::string decay_names;
     for (auto& [name, p] : named) {

@@ -37,10 +37,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hvp_ref import hvp_rows
 from safetensors_file import load_safetensors, save_safetensors  # noqa: E402
 
 TOL = 1e-4  # relative to the reference tensor's largest magnitude, as transformer_ref.py
-DUMP_GROUPS = ("batch", "out", "grad", "grad2", "adamw", "adamw2")  # dump prefixes that are not weights
+HVP_TOL = 1e-3  # H v in float32 on both sides, relative to the largest |H v| (two backward passes of rounding)
+DUMP_GROUPS = ("batch", "out", "grad", "grad2", "adamw", "adamw2", "hvp", "hvpdir")  # dump prefixes that are not weights
 
 
 # ---------------------------------------------------------------- the model (tapestry's names)
@@ -280,6 +282,10 @@ def check(path, verbose):
     gmax1 = max(g.abs().max().item() for g in grads1.values())
     for n in names:
         compare("grad." + n, tensors["grad." + n], grads1[n], floor=1e-3 * gmax1)
+    # Second order: H v at these weights (tests/hvp_dump.h), float32 on both sides.
+    hv_rows, hv_failures = hvp_rows(model, tensors, lambda: model.loss(ids, targets), HVP_TOL)
+    rows += hv_rows
+    failures += hv_failures
 
     # AdamW with tapestry's two groups, stepped with tapestry's own gradients (checked above):
     # with the same gradients the two updates differ by float32 rounding only, even where a
@@ -330,9 +336,10 @@ def check(path, verbose):
         return max(sel, key=lambda r: r[1]) if sel else ("-", 0.0)
 
     parts = []
-    for label, prefix in (("logits", "logits"), ("loss", "loss"), ("grad", "grad"), ("adamw", "adamw")):
+    for label, prefix in (("logits", "logits"), ("loss", "loss"), ("grad", "grad"), ("adamw", "adamw"),
+                          ("hvp", "hvp")):
         name, e = worst(prefix)
-        parts.append(f"{label} {e:.2e}" + (f" ({name})" if label in ("grad", "adamw") else ""))
+        parts.append(f"{label} {e:.2e}" + (f" ({name})" if label in ("grad", "adamw", "hvp") else ""))
     print(f"gpt parity: {len(rows)} tensors compared, loss {loss.item():.6f}, {steps} AdamW step(s), "
           f"max rel err: " + ", ".join(parts))
     if verbose:

@@ -36,9 +36,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hvp_ref import hvp_rows  # noqa: E402
 from safetensors_file import load_safetensors, save_safetensors  # noqa: E402
 
 TOL = 1e-4
+HVP_TOL = 1e-3  # H v in float32 on both sides, relative to the largest |H v| (two backward passes of rounding)
 CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -251,6 +253,12 @@ def check(args):
             rep.failures.append(f"grad.{name}: missing from the dump")
             continue
         rep.compare("grad." + name, "gradients", dump["grad." + name], p.grad, floor=1e-3 * largest)
+    # Second order: H v at these weights (tests/hvp_dump.h), float32 on both sides.
+    hv_rows, hv_failures = hvp_rows(model, dump, lambda: F.cross_entropy(
+        model(ids).reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100), HVP_TOL)
+    rep.failures += hv_failures
+    if hv_rows:
+        rep.worst["hvp"] = max(e for _, e in hv_rows)
 
     # One AdamW step from tapestry's own gradients (so that the step alone is compared), matrices
     # with weight decay and vectors without, as models::CausalLM::decay_parameters splits them.

@@ -15,9 +15,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from hvp_ref import hvp_rows
 from safetensors_file import load_safetensors
 
 TOL = 1e-4
+HVP_TOL = 1e-3  # H v in float32 on both sides, relative to the largest |H v| (two backward passes of rounding)
 
 
 class MultiHeadAttention(nn.Module):
@@ -176,7 +178,8 @@ def main():
     torch.set_default_dtype(torch.float32)
     model = Transformer(c)
     names = [n for n, _ in model.named_parameters()]
-    expected = sorted(k for k in tensors if "." in k and k.split(".")[0] not in ("batch", "out", "grad", "adam"))
+    expected = sorted(k for k in tensors
+                      if "." in k and k.split(".")[0] not in ("batch", "out", "grad", "adam", "hvp", "hvpdir"))
     if sorted(names) != expected:
         print(f"parameter names differ:\n  reference only: {sorted(set(names) - set(expected))}\n"
               f"  tapestry only: {sorted(set(expected) - set(names))}")
@@ -207,6 +210,11 @@ def main():
     check("loss", tensors["out.loss"], loss.detach())
     for n, p in model.named_parameters():
         check("grad." + n, tensors["grad." + n], p.grad, floor=1e-3 * grad_max)
+    # Second order: H v at these weights (tests/hvp_dump.h), float32 on both sides.
+    hv_rows, hv_failures = hvp_rows(model, tensors, lambda: smoothed_cross_entropy(
+        model(src, tgt_in).reshape(-1, c["tgt_vocab"]), tgt_out.reshape(-1), smoothing, c["pad_id"]), HVP_TOL)
+    rows += hv_rows
+    failures += hv_failures
 
     # One Adam step: compare each parameter's update. Elements whose gradient is rounding noise
     # (below 1e-6 of the largest gradient in the model) are left out: Adam's first step is

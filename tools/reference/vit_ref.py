@@ -29,9 +29,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hvp_ref import hvp_rows  # noqa: E402
 from safetensors_file import load_safetensors  # noqa: E402
 
 TOL = 1e-4
+HVP_TOL = 1e-3  # H v in float32 on both sides, relative to the largest |H v| (two backward passes of rounding)
 
 
 class ViT(nn.Module):
@@ -197,6 +199,12 @@ def check(path, verbose):
     gmax = max(g.abs().max().item() for g in ref_grads.values())
     for n in ref_grads:
         compare("grad." + n, our_grads[n], ref_grads[n], floor=1e-3 * gmax)
+    # Second order: H v at these weights (tests/hvp_dump.h), in the twin's layout.
+    hv_rows, hv_failures = hvp_rows(model, tensors, lambda: F.cross_entropy(model(images), labels), HVP_TOL,
+                                    ours=gather(tensors, "hvp.", names, model),
+                                    dirs=gather(tensors, "hvpdir.", names, model))
+    compare.rows += hv_rows
+    compare.failures += hv_failures
 
     decay, no_decay = decay_split(model)
     got = sorted(torch_name(n)[0] for n in meta["decay_params"].split(",") if n)

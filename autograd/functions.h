@@ -1,7 +1,9 @@
 // The differentiable ops: every op here computes its forward with ops/detail/kernels.h and, when an
 // input requires grad, records its backward rule on the tape. Each op's forward and backward sit
 // together in one place (autograd/ops_*.cpp). Backward rules run with grad mode off, so they
-// may use these same ops freely; double backward is not supported.
+// may use these same ops freely; under create_graph they run with it on and record, so every
+// rule is written with these ops (or, for a fused kernel, gives a recorded formula or composite:
+// Note [Saved tensors in a recording backward] in node.h), and gradients differentiate again.
 #pragma once
 #include <optional>
 #include <string>

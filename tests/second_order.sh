@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The second-order examples against PyTorch (issue 45): each writes its dump, and
 # tools/reference/second_order_ref.py recomputes the loss and every gradient in float64.
-#   tests/second_order.sh GRADIENT_PENALTY_BINARY MAML_SINE_BINARY
+# autograd::functional too (tests/functional_dump.cpp).
+#   tests/second_order.sh GRADIENT_PENALTY_BINARY MAML_SINE_BINARY FUNCTIONAL_DUMP_BINARY
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d)"
@@ -10,3 +11,5 @@ trap 'rm -rf "$work"' EXIT
 OMP_NUM_THREADS=1 /usr/bin/python3 "$here/tools/reference/second_order_ref.py" "$work/penalty.safetensors"
 "$2" "$work/maml.safetensors"
 OMP_NUM_THREADS=1 /usr/bin/python3 "$here/tools/reference/second_order_ref.py" "$work/maml.safetensors"
+"$3" "$work/functional.safetensors"
+OMP_NUM_THREADS=1 /usr/bin/python3 "$here/tools/reference/second_order_ref.py" "$work/functional.safetensors"

@@ -7,7 +7,9 @@
     (|d critic / d x| - 1)^2 at the interpolates; the loss and every parameter gradient.
   maml_sine (examples/maml_sine.cpp): MAML's first meta-gradient, one inner SGD step with
     create_graph over four sine tasks; the meta-loss and the gradient of every parameter.
-Both run in float64; a relative error above 1e-9 (of each tensor's largest magnitude) fails.
+  functional (tests/functional_dump.cpp): autograd::functional's vjp, jvp, jacobian, hessian, hvp
+    and vhp of two small functions against torch.autograd.functional's.
+All run in float64; a relative error above 1e-9 (of each tensor's largest magnitude) fails.
 """
 import os
 import sys
@@ -65,20 +67,51 @@ def maml_sine(t, meta):
     return loss, {n: p.grad for n, p in zip(names, w)}
 
 
+def functional(t, meta):
+    """(loss, tensors): the dump's own names, recomputed with torch.autograd.functional."""
+    import torch.autograd.functional as AF
+
+    def scalar(x, y):
+        return (torch.tanh(x @ y) * F.softplus(x)[:, 0]).sum() + y.pow(3).sum()
+
+    def vector(x, y):
+        return torch.sigmoid(x @ y) * torch.exp(x[:, 1])
+
+    x, y, vx, vy, vout = t["in.x"], t["in.y"], t["in.vx"], t["in.vy"], t["in.vout"]
+    ref = {}
+    out, (gx, gy) = AF.vjp(vector, (x, y), vout)
+    ref.update({"vjp.out": out, "vjp.x": gx, "vjp.y": gy})
+    out, jv = AF.jvp(vector, (x, y), (vx, vy))
+    ref.update({"jvp.out": out, "jvp.jv": jv})
+    jx, jy = AF.jacobian(vector, (x, y))
+    ref.update({"jacobian.x": jx, "jacobian.y": jy})
+    (hxx, hxy), (hyx, hyy) = AF.hessian(scalar, (x, y))
+    ref.update({"hessian.xx": hxx, "hessian.xy": hxy, "hessian.yx": hyx, "hessian.yy": hyy})
+    out, (hx, hy) = AF.hvp(scalar, (x, y), (vx, vy))
+    ref.update({"hvp.out": out, "hvp.x": hx, "hvp.y": hy})
+    out, (hx, hy) = AF.vhp(scalar, (x, y), (vx, vy))
+    ref.update({"vhp.out": out, "vhp.x": hx, "vhp.y": hy})
+    return ref["hvp.out"], ref
+
+
 def main(argv):
     if len(argv) != 2:
         print(__doc__)
         return 2
     t, meta = load_safetensors(argv[1])
     example = meta.get("example")
-    run = {"gradient_penalty": gradient_penalty, "maml_sine": maml_sine}.get(example)
+    run = {"gradient_penalty": gradient_penalty, "maml_sine": maml_sine, "functional": functional}.get(example)
     if run is None:
         print(f"second_order_ref: unknown example {example!r}")
         return 2
     torch.set_default_dtype(torch.float64)
     loss, grads = run(t, meta)
-    rows = [("loss", rel_err(t["out.loss"], loss.detach()))]
-    rows += [("grad." + n, rel_err(t["grad." + n], g)) for n, g in grads.items()]
+    if example == "functional":  # every result under the dump's own name
+        rows = [(n, rel_err(t[n], g.detach())) for n, g in grads.items()]
+        rows += [(n + " shape", 0.0 if tuple(t[n].shape) == tuple(g.shape) else float("inf")) for n, g in grads.items()]
+    else:
+        rows = [("loss", rel_err(t["out.loss"], loss.detach()))]
+        rows += [("grad." + n, rel_err(t["grad." + n], g)) for n, g in grads.items()]
     worst = max(rows, key=lambda r: r[1])
     print(f"second_order_ref: {example}: loss {loss.item():.6f}, {len(rows)} tensors, worst relative error "
           f"{worst[1]:.2e} ({worst[0]})")

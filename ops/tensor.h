@@ -118,7 +118,8 @@ class Tensor {
   const std::shared_ptr<Node>& grad_fn() const { return impl().grad_fn; }
   std::string grad_fn_name() const;
   // create_graph: the backward records its own ops, so the .grad it leaves can be differentiated
-  // again (second derivatives); it implies retain_graph, as in PyTorch.
+  // again (second derivatives); it implies retain_graph, as in PyTorch. Such a .grad's history
+  // holds its own leaf (a cycle, as PyTorch warns): zero_grad() frees it; autograd::grad avoids it.
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false, bool create_graph = false) const;
   Tensor detach() const;  // same storage, no history
   // As PyTorch's: `hook(leaf)` runs once per backward, right after that backward has added this

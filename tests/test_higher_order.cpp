@@ -47,6 +47,9 @@ TEST_CASE("backward(create_graph): .grad keeps a history, differentiated again (
     want.push_back(2 * wi * s2 * s2 - 4 * wi * wi * s2 * s2 * th * xi);
   }
   check_values(gw, want, 1e-10);
+  // A .grad with a history refers back to its own leaf (a cycle, as in PyTorch): dropping it frees the graph.
+  x.zero_grad();
+  w.zero_grad();
 }
 
 TEST_CASE("autograd::grad: several outputs and inputs, grad_outputs, allow_unused, non-leaf inputs") {

@@ -11,7 +11,6 @@
 #include <iterator>
 
 #include "tapestry/ops/file.h"
-#include "tapestry/nn/safetensors.h"
 #include "tapestry/dist/dist.h"
 #include "tapestry/ops/error.h"
 

@@ -6,7 +6,6 @@
 
 #include "tapestry/ops/file.h"
 #include "tapestry/autograd/grad_mode.h"
-#include "tapestry/nn/safetensors.h"
 #include "tapestry/ops/factory.h"
 
 namespace tapestry::apps {

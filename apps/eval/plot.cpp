@@ -7,7 +7,6 @@
 #include <cmath>
 
 #include "tapestry/ops/file.h"
-#include "tapestry/nn/safetensors.h"
 
 namespace tapestry::apps {
 

@@ -120,21 +120,28 @@ TensorList jacobian(const Function& func, const TensorList& inputs, bool create_
 }
 
 std::vector<TensorList> hessian(const Function& func, const TensorList& inputs, bool create_graph) {
+  // One jacobian of the whole gradient, flattened and concatenated: row block i (its numel(i)
+  // rows) is d grad_i / d inputs.
   const TensorList xs = prepare("hessian", inputs, create_graph);
-  {
-    const Tensor out = evaluate("hessian", func, xs);
-    TP_CHECK(out.numel() == 1, "hessian: the function must return one element, got shape {}", out.sizes());
-  }
-  // The jacobian of the gradient: row block i is d grad_i / d inputs.
+  const TensorList rows = jacobian(
+      [&func](const TensorList& in) {
+        const Tensor out = func(in);
+        TP_CHECK(out.numel() == 1, "hessian: the function must return one element, got shape {}", out.sizes());
+        TensorList flat;
+        for (const Tensor& g : grads_of(out, in, ones(out.sizes(), out.options()), true)) flat.push_back(reshape(g, {-1}));
+        return cat(flat, 0);
+      },
+      xs, create_graph);
   std::vector<TensorList> h(xs.size());
+  int64_t start = 0;
   for (size_t i = 0; i < xs.size(); ++i) {
-    TensorList block = jacobian(
-        [&func, i](const TensorList& in) {
-          const Tensor out = func(in);
-          return grads_of(reshape(out, {}), in, Tensor(ones({}, out.options())), true)[i];
-        },
-        xs, create_graph);
-    h[i] = block;
+    const int64_t n = xs[i].numel();
+    for (size_t j = 0; j < xs.size(); ++j) {
+      Shape shape = xs[i].sizes();
+      for (int64_t s : xs[j].sizes()) shape.push_back(s);
+      h[i].push_back(reshape(rows[j].narrow(0, start, n), shape));
+    }
+    start += n;
   }
   return h;
 }
@@ -147,8 +154,7 @@ std::pair<Tensor, TensorList> vhp(const Function& func, const TensorList& inputs
   TensorList g = grads_of(out, xs, ones(out.sizes(), out.options()), true);
   Tensor inner = scalar_tensor(0.0, out.options());
   for (size_t i = 0; i < xs.size(); ++i) inner = add(inner, sum(mul(g[i], v[i])));
-  TensorList r = inner.requires_grad() ? grads_of(inner, xs, ones({}, out.options()), create_graph)
-                                       : grads_of(Tensor(zeros({}, out.options())), xs, Tensor(), false);
+  TensorList r = grads_of(inner, xs, ones({}, out.options()), create_graph);  // zeros where H v has no path
   for (Tensor& t : r) t = finish(t, create_graph);
   return {finish(out, create_graph), r};
 }

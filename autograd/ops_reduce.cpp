@@ -150,8 +150,6 @@ Tensor logsumexp(const Tensor& a, int64_t dim, bool keepdim) {
 }
 
 namespace {
-Tensor mean_of(const Tensor& a, const std::vector<int64_t>& dims) { return mean(a, dims, true); }
-
 // layer_norm and rms_norm (center false: no mean subtracted, no bias): one kernel pair.
 Tensor norm_impl(const char* op, const char* node, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                  const Tensor& bias, double eps, bool center) {
@@ -176,8 +174,8 @@ Tensor norm_impl(const char* op, const char* node, const Tensor& x, const Shape&
           [k, center, eps](const TensorList& in) {
             std::vector<int64_t> dims;
             for (int64_t d = in[0].dim() - k; d < in[0].dim(); ++d) dims.push_back(d);
-            Tensor xc = center ? sub(in[0], mean_of(in[0], dims)) : in[0];
-            Tensor y = mul(xc, rsqrt(add(mean_of(mul(xc, xc), dims), eps)));
+            Tensor xc = center ? sub(in[0], tapestry::mean(in[0], dims, true)) : in[0];
+            Tensor y = mul(xc, rsqrt(add(tapestry::mean(mul(xc, xc), dims, true), eps)));
             if (in[1].defined()) y = mul(y, in[1]);
             if (in[2].defined()) y = add(y, in[2]);
             return y;

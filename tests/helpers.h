@@ -57,6 +57,9 @@ template <class F> std::pair<double, double> first_and_last_loss(const std::vect
   return {first, last};
 }
 
+// Whether `text` holds `part` (error messages are checked by their telling part).
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
 // Runs f and returns the message of the tapestry::Error it throws ("" if none).
 template <class F> std::string error_of(F&& f) {
   try {

@@ -12,7 +12,6 @@ using namespace tapestry;
 using namespace tapestry::testing;
 
 namespace {
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 Tensor f64(std::initializer_list<double> v) { return tensor(v, {}, kFloat64); }
 }  // namespace
 

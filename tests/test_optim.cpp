@@ -32,7 +32,6 @@ std::map<std::string, Tensor> as_map(const nn::NamedTensors& named) {
   for (auto& [name, t] : named) out[name] = t;
   return out;
 }
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 }  // namespace
 
 TEST_CASE("SGD: plain, weight decay, momentum, nesterov") {

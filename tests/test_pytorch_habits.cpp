@@ -14,9 +14,6 @@
 using namespace tapestry;
 using namespace tapestry::testing;
 
-namespace {
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-}  // namespace
 
 TEST_CASE("habits: arange infers int64 from integer bounds and float32 from floating ones, as torch.arange") {
   CHECK(arange(0, 10).dtype() == kInt64);

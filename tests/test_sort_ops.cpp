@@ -25,8 +25,6 @@ using Ints = std::vector<int64_t>;
 
 Ints ints(const Tensor& t) { return t.to_vector<int64_t>(); }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
 // Exact values, NaN matching NaN.
 void check_exact(const Tensor& t, const std::vector<double>& expected) {
   std::vector<double> got = values(t);

@@ -125,27 +125,34 @@ uint64_t splitmix64(uint64_t x) {
 
 // Whether `local` holds on any rank (the identity on one process).
 bool on_any_rank(bool local) {
-  return dist::world_size() > 1 ? dist::allreduce(static_cast<int64_t>(local), dist::ReduceOp::Max) > 0 : local;
+  return dist::allreduce(static_cast<int64_t>(local), dist::ReduceOp::Max) > 0;
 }
 
 }  // namespace
 
+void Trainer::reseed_dropout_for_rank() const {
+  if (dist::world_size() > 1) manual_seed(splitmix64(o_.seed ^ splitmix64(static_cast<uint64_t>(step_) ^ splitmix64(dist::rank() + 1))));
+}
+
 StepResult Trainer::step(const std::vector<TrainBatch>& group) {
   TP_CHECK(!group.empty(), "train: a step needs at least one batch");
-  const bool parallel = dist::world_size() > 1;
+  // One process is N ranks with N = 1: every collective below is the identity there, and the
+  // reducer does nothing, so the one path serves both (Note [One sync per step] still holds on
+  // one process: its losses and gradient norm are read in one copy).
   StepResult r;
-  for (const TrainBatch& b : group) r.tokens += b.tokens;
+  int64_t local_tokens = 0;
+  for (const TrainBatch& b : group) local_tokens += b.tokens;
+  r.tokens = dist::allreduce(local_tokens);  // the whole group's, over the ranks (tokens are known before any loss)
+  TP_CHECK(r.tokens > 0, "train: step {} has no tokens on any of the {} ranks", step_ + 1, dist::world_size());
   ++step_;
   if (schedule_) schedule_->apply(optimizer_, step_);
   double& loss_sum = r.loss_sum;
-  // Dropout differs per rank and per step, and follows from (seed, step, rank) alone.
-  if (parallel) manual_seed(splitmix64(o_.seed ^ splitmix64(static_cast<uint64_t>(step_) ^ splitmix64(dist::rank() + 1))));
-  // One process: each batch's mean loss is weighted by its share of the group's tokens, so the
-  // summed gradient is that of the group's mean token loss, as one batch of the group's size
-  // would give. N ranks: each rank's loss summed over its tokens; the gradients are then summed
-  // over the ranks and divided by the tokens of the whole group (the global mean token loss).
-  // N ranks: the backward of the group's last batch starts the gradients' all-reduce (overlap).
-  if (parallel && !reducer_) reducer_ = std::make_unique<dist::GradReducer>(model_.trainable_parameters(), o_.bucket_bytes, o_.first_bucket_bytes);
+  reseed_dropout_for_rank();
+  // Each batch's mean loss is weighted by its share of the group's tokens (all ranks'), so the
+  // gradients summed over the batches and the ranks are those of the group's mean token loss, as
+  // one batch of the group's size would give. The backward of the last batch that has tokens
+  // starts the gradients' all-reduce (overlap, on N ranks).
+  if (!reducer_) reducer_ = std::make_unique<dist::GradReducer>(model_.trainable_parameters(), o_.bucket_bytes, o_.first_bucket_bytes);
   size_t last = group.size();
   while (last > 0 && group[last - 1].tokens == 0) --last;
   // Note [One sync per step]: the losses stay on the device until every backward has been queued;
@@ -154,48 +161,33 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
   // and their order of summation are those of reading each loss at once.
   std::vector<std::pair<Tensor, int64_t>> losses;  // detached, with their batch's tokens
   AutocastGuard autocast(o_.precision == "bf16" ? Precision::BFloat16 : Precision::Float32, device_);
-  for (size_t i = 0; i < group.size(); ++i) {
+  for (size_t i = 0; i < last; ++i) {
     const TrainBatch& b = group[i];
-    if (parallel && b.tokens == 0) continue;  // an empty shard: this rank adds zeros
-    if (parallel && i + 1 == last) reducer_->prepare();
+    if (b.tokens == 0) continue;  // an empty shard: this rank adds zeros
+    if (i + 1 == last) reducer_->prepare();
     Tensor loss = b.loss();
     losses.emplace_back(loss.detach(), b.tokens);
-    const double weight = parallel ? static_cast<double>(b.tokens)
-                                   : static_cast<double>(b.tokens) / static_cast<double>(r.tokens);
+    const double weight = static_cast<double>(b.tokens) / static_cast<double>(r.tokens);
     if (weight == 1.0) loss.backward();
     else (loss * weight).backward();
   }
-  // The losses, and (one process) the squared gradient norm, as doubles in one copy.
-  auto read = [&losses](const Tensor& extra) {
-    TensorList parts;
-    for (auto& [loss, tokens] : losses) parts.push_back(reshape(loss.to(DType::Float64), {1}));
-    if (extra.defined()) parts.push_back(reshape(extra, {1}));
-    return parts.empty() ? std::vector<double>() : cat(parts, 0).to_vector<double>();
-  };
-  auto add_losses = [&losses, &loss_sum](const std::vector<double>& values) {
-    for (size_t i = 0; i < losses.size(); ++i) loss_sum += values[i] * static_cast<double>(losses[i].second);
-  };
+  reducer_->reduce();  // the gradients summed over the ranks
+  // The losses and the squared gradient norm, as doubles in one copy.
+  const std::vector<Tensor> params = model_.trainable_parameters();
+  TensorList parts;
+  for (auto& [loss, tokens] : losses) parts.push_back(reshape(loss.to(DType::Float64), {1}));
+  const Device device = losses.empty() ? device_ : losses[0].first.device();
+  parts.push_back(reshape(optim::grad_sum_of_squares(params, device), {1}));
+  const std::vector<double> values = cat(parts, 0).to_vector<double>();
+  for (size_t i = 0; i < losses.size(); ++i) loss_sum += values[i] * static_cast<double>(losses[i].second);
+  r.grad_norm = std::sqrt(values.back());
+  // One small all-reduce agrees on the loss and on whether to stop.
   r.stop_signal = StopSignals::pending() != 0;
   r.out_of_time = o_.time_limit > 0 && seconds_since(run_start_) >= o_.time_limit;
-  const std::vector<Tensor> params = model_.trainable_parameters();
-  if (!parallel) {
-    const Device device = losses.empty() ? Device::CPU : losses[0].first.device();
-    const std::vector<double> values = read(optim::grad_sum_of_squares(params, device));
-    add_losses(values);
-    r.grad_norm = std::sqrt(values.back());
-  } else {
-    add_losses(read(Tensor()));
-    // One small all-reduce agrees on the totals and on whether to stop.
-    Tensor totals = tensor(std::vector<double>{static_cast<double>(r.tokens), loss_sum, r.stop_signal ? 1.0 : 0.0,
-                                               r.out_of_time ? 1.0 : 0.0},
-                           {}, kFloat64);
-    dist::allreduce_(totals);
-    auto tv = totals.to_vector<double>();
-    r.tokens = static_cast<int64_t>(tv[0]), loss_sum = tv[1], r.stop_signal = tv[2] > 0, r.out_of_time = tv[3] > 0;
-    TP_CHECK(r.tokens > 0, "train: step {} has no tokens on any of the {} ranks", step_, dist::world_size());
-    reducer_->reduce(1.0 / static_cast<double>(r.tokens));
-    r.grad_norm = optim::grad_norm(params);  // of the reduced gradients: a second read
-  }
+  Tensor totals = tensor(std::vector<double>{loss_sum, r.stop_signal ? 1.0 : 0.0, r.out_of_time ? 1.0 : 0.0}, {}, kFloat64);
+  dist::allreduce_(totals);
+  const std::vector<double> tv = totals.to_vector<double>();
+  loss_sum = tv[0], r.stop_signal = tv[1] > 0, r.out_of_time = tv[2] > 0;
   r.loss = loss_sum / static_cast<double>(r.tokens);
   // A non-finite loss or gradient would poison the weights and every checkpoint after it.
   if (!std::isfinite(loss_sum) || !std::isfinite(r.grad_norm)) {

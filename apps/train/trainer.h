@@ -180,13 +180,15 @@ class Trainer {
   StepResult step(const std::vector<TrainBatch>& group);
   // Seconds spent summing gradients over the ranks so far (0 on one process).
   double allreduce_seconds() const;  // the gradients' all-reduce, all steps: waiting after the backward and its hooks
-  const dist::GradReducer* reducer() const { return reducer_.get(); }  // null on one rank or before the first step
+  const dist::GradReducer* reducer() const { return reducer_.get(); }  // null before the first step
   int64_t steps_taken() const { return step_; }
 
  private:
   bool run_epoch(DataSource& data, int64_t epoch, const ResumePoint& start, EpochRecord& record, FitResult& result);
   void report_stop(FitResult& result, const std::string& after);
   Metrics run_evaluation(int64_t epoch);
+  // On N ranks, each rank's dropout stream from (seed, step, rank); one process keeps its stream.
+  void reseed_dropout_for_rank() const;
 
   nn::Module& model_;
   Device device_ = Device::CPU;  // the model's (its first parameter's): where autocast runs
@@ -195,7 +197,7 @@ class Trainer {
   TrainerOptions o_;
   int64_t step_ = 0;
   std::chrono::steady_clock::time_point run_start_ = std::chrono::steady_clock::now();
-  std::unique_ptr<dist::GradReducer> reducer_;  // on N > 1 ranks
+  std::unique_ptr<dist::GradReducer> reducer_;  // made at the first step (it does nothing on one rank)
   std::unique_ptr<Checkpoints> checkpoints_;    // the run folder (checkpoints.h)
   std::unique_ptr<Progress> progress_;          // what the run shows (progress.h)
 };

@@ -1,18 +1,15 @@
-// `tapestry train --task copy|multi30k|lm|image|mlm|classify`: each task's flags come from its option table
-// (apps/train/option_table.h). A flag is registered once for all the tasks that have it; after
-// parsing, the given ones are applied to the chosen task's table, which checks them, and a flag
-// the task lacks is refused by name. The help shows each task's default.
+// `tapestry train --task NAME`: the tasks come from the registry (apps/tasks/task.h), and each
+// task's flags from its option table (apps/train/option_table.h). A flag is registered once for
+// all the tasks that have it; after parsing, the given ones are applied to the chosen task's
+// table, which checks them, and a flag the task lacks is refused by name. The help shows each
+// task's default. This file names no task.
 #include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <set>
 
-#include "apps/tasks/copy_task.h"
-#include "apps/tasks/image_classification.h"
-#include "apps/tasks/language_model.h"
-#include "apps/tasks/text_classification.h"
-#include "apps/tasks/translation.h"
+#include "apps/tasks/task.h"
 #include "tapestry/tapestry.h"
 #include "tools/cli.h"
 #include "tools/config_file.h"
@@ -21,43 +18,32 @@ namespace tapestry::tools {
 
 namespace {
 
-const std::vector<const char*> kTasks = {"copy", "multi30k", "lm", "image", "mlm", "classify"};
-
-// The tables' rows point into copy, mt, lm, image, mlm and cls: TrainFlags stays where it was made (a shared_ptr).
+// Each task's options live here for the whole invocation: the tables' rows point into them.
 struct TrainFlags {
   TrainFlags() = default;
   TrainFlags(const TrainFlags&) = delete;
   TrainFlags& operator=(const TrainFlags&) = delete;
-  std::string config_file, task = "copy";
+  std::string config_file, task;
   bool quick = false, print_config = false;
   const CLI::App* train = nullptr;  // the subcommand, for reading the config file's keys again
-  apps::CopyTaskOptions copy;
-  apps::TranslationOptions mt;
-  apps::LMOptions lm;
-  apps::ImageOptions image;
-  apps::TextOptions mlm = apps::default_mlm_options(), cls = apps::default_classify_options();
-  std::map<std::string, apps::OptionTable> tables;  // by task, bound to the options above
+  std::vector<std::pair<const apps::Task*, std::unique_ptr<apps::TaskOptions>>> tasks;  // in the registry's order
   // What the command line (and config file) gave, by flag: values as text, switches as bools.
   std::map<std::string, CLI::Option*> options;
   std::map<std::string, std::string> values;
   std::map<std::string, bool> switches;
-};
 
-int run_copy(const apps::CopyTaskOptions& o) {
-  std::printf("copy task: vocab %lld, length %lld, batch %lld, d_model %lld, %lld+%lld %s-norm layers, %lld heads, "
-              "d_ff %lld, Noam warmup %lld\n",
-              (long long)o.vocab, (long long)o.seq_len, (long long)o.batch, (long long)o.d_model, (long long)o.layers,
-              (long long)o.layers, o.pre_norm ? "pre" : "post", (long long)o.heads, (long long)o.d_ff,
-              (long long)o.warmup);
-  std::fflush(stdout);
-  auto r = apps::train_copy_task(o);
-  if (r.solved) {
-    std::printf("solved: every held-out sequence copied exactly after %lld steps\n", (long long)r.steps);
-    return 0;
+  std::pair<const apps::Task*, apps::TaskOptions*> chosen() const {
+    for (const auto& [task, options] : tasks)
+      if (task->name == this->task) return {task, options.get()};
+    throw Error(fmt::format("train: no task '{}'", this->task));  // CLI11 checked --task against the names
   }
-  std::printf("not solved after %lld steps: %.1f%% exact copies\n", (long long)r.steps, 100 * r.accuracy);
-  return 1;
-}
+  std::vector<std::string> names(bool with_quick_only = false) const {
+    std::vector<std::string> out;
+    for (const auto& [task, options] : tasks)
+      if (!with_quick_only || !task->quick.empty()) out.push_back(task->name);
+    return out;
+  }
+};
 
 // Every value of the config file goes through the task's table, also one a flag overrides (issue
 // 44: `epochs = "many"` passed beside --epochs 1): the command line's values are set after these.
@@ -83,10 +69,12 @@ void check_config_file(TrainFlags& f, apps::OptionTable& table) {
 }
 
 int run_train(TrainFlags& f) {
-  TP_CHECK(!f.quick || f.task == "multi30k", "train: --quick is a recipe of --task multi30k");
+  const auto [task, options] = f.chosen();
+  TP_CHECK(!f.quick || !task->quick.empty(), "train: --quick is a recipe of --task {}",
+           apps::names_text(f.names(true)));
   // The quick recipe changes the defaults only: flags and a config file still win.
-  if (f.quick) f.mt = apps::quick_translation_options();  // the table's rows still point at f.mt's fields
-  apps::OptionTable& table = f.tables.at(f.task);
+  if (f.quick) options->use_quick_recipe();
+  apps::OptionTable& table = options->table();
   if (!f.config_file.empty()) check_config_file(f, table);
   for (const auto& [flag, option] : f.options) {
     if (option->count() == 0) continue;
@@ -95,18 +83,10 @@ int run_train(TrainFlags& f) {
     row->set(row->takes_value() ? f.values.at(flag) : (f.switches.at(flag) ? "true" : "false"));
   }
   if (f.print_config) {
-    std::printf("%s", f.task == "multi30k" ? apps::options_to_toml(f.mt).c_str()
-                      : f.task == "lm"     ? apps::options_to_toml(f.lm).c_str()
-                                           : table.to_toml().c_str());
+    std::printf("%s", options->config_toml().c_str());
     return 0;
   }
-  if (f.task == "copy") return run_copy(f.copy);
-  const int interrupted = f.task == "lm"      ? apps::train_language_model(f.lm).interrupted
-                          : f.task == "image" ? apps::train_image_classifier(f.image).interrupted
-                          : f.task == "mlm"   ? apps::train_mlm(f.mlm).interrupted
-                          : f.task == "classify" ? apps::train_text_classifier(f.cls).interrupted
-                                                 : apps::train_translation(f.mt).interrupted;
-  return interrupted ? 128 + interrupted : 0;
+  return options->run();
 }
 
 // "(copy 80, lm 32)": each task's default, or one "(default 0.1)" when they agree.
@@ -137,32 +117,30 @@ Subcommand add_train(CLI::App& app) {
   auto f = std::make_shared<TrainFlags>();
   auto* train = app.add_subcommand("train", "train a model");
   f->train = train;
+  for (const apps::Task& task : apps::tasks()) f->tasks.emplace_back(&task, task.make());
+  const std::vector<std::string> names = f->names();
+  f->task = names.front();
   // Repeated flags take the last value: a config file's options go first, so the command line wins.
   train->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   train->add_option("--config-file", f->config_file,
                     "read options from a TOML file of `flag = value` lines (a run's config.toml); flags override it");
-  train->add_option("--task", f->task,
-                    "copy (the Annotated Transformer's copy task), multi30k (German to English), lm (a GPT "
-                    "language model on any text), image (a Vision Transformer on MNIST-layout images), mlm (masked-LM "
-                    "pre-training of the text encoder on the mail corpus) or classify (ham/spam)")
-      ->check(CLI::IsMember(std::vector<std::string>(kTasks.begin(), kTasks.end())))
-      ->capture_default_str();
-  train->add_flag("--quick", f->quick, "multi30k: the quick recipe, which shows learning in minutes (docs/training.md)");
+  std::string task_help, quick_help;  // "copy (...), multi30k (...) or classify (...)"; "multi30k: ..."
+  for (size_t i = 0; i < f->tasks.size(); ++i) {
+    const apps::Task& task = *f->tasks[i].first;
+    task_help += (i == 0 ? "" : i + 1 == f->tasks.size() ? " or " : ", ") + task.name + " (" + task.summary + ")";
+    if (!task.quick.empty()) quick_help += (quick_help.empty() ? "" : "; ") + task.name + ": " + task.quick;
+  }
+  train->add_option("--task", f->task, task_help)->check(CLI::IsMember(names))->capture_default_str();
+  if (!quick_help.empty()) train->add_flag("--quick", f->quick, quick_help);
   train->add_flag("--print-config", f->print_config, "print the options as TOML and exit");
-  f->tables.emplace("copy", apps::options_table(f->copy));
-  f->tables.emplace("multi30k", apps::options_table(f->mt));
-  f->tables.emplace("lm", apps::options_table(f->lm));
-  f->tables.emplace("image", apps::options_table(f->image));
-  f->tables.emplace("mlm", apps::mlm_options_table(f->mlm));
-  f->tables.emplace("classify", apps::classify_options_table(f->cls));
 
   // Each flag once, in the order the tasks list them, with the tasks that take it.
   std::vector<std::string> order;
   std::map<std::string, std::vector<std::pair<std::string, const apps::OptionRow*>>> by_flag;
-  for (const char* task : kTasks)
-    for (const apps::OptionRow& row : f->tables.at(task).rows()) {
+  for (const auto& [task, options] : f->tasks)
+    for (const apps::OptionRow& row : options->table().rows()) {
       if (by_flag[row.flag].empty()) order.push_back(row.flag);
-      by_flag[row.flag].emplace_back(task, &row);
+      by_flag[row.flag].emplace_back(task->name, &row);
     }
   std::map<std::string, CLI::Option_group*> groups;  // by the tasks that take a flag, when not all
   for (const std::string& flag : order) {
@@ -180,7 +158,7 @@ Subcommand add_train(CLI::App& app) {
     for (size_t i = 0; helps.size() > 1 && i < helps.size(); ++i)
       help += (i ? "; " : "") + helps[i].first + ": " + helps[i].second;
     CLI::App* where = train;
-    if (rows.size() < kTasks.size()) {
+    if (rows.size() < f->tasks.size()) {
       auto& group = groups[tasks];
       if (!group) group = train->add_option_group("only " + tasks);
       where = group;

@@ -2,6 +2,9 @@
 // as the Annotated Transformer trains it; greedy decoding on held-out sequences.
 #include "apps/tasks/copy_task.h"
 
+#include <cstdio>
+
+#include "apps/tasks/task.h"
 #include "apps/tasks/paper_transformer.h"
 #include "apps/train/trainer.h"
 #include "tapestry/dist/dist.h"
@@ -107,6 +110,31 @@ CopyTaskResult train_copy_task(const CopyTaskOptions& options) {
   r.accuracy = metric(fit.last_metrics, "exact_copies") / 100.0;
   r.solved = fit.finished_early || r.accuracy == 1.0;
   return r;
+}
+
+// `tapestry train --task copy`: solved (exit 0) when every held-out sequence is copied exactly.
+int run_copy_task(const CopyTaskOptions& o) {
+  std::printf("copy task: vocab %lld, length %lld, batch %lld, d_model %lld, %lld+%lld %s-norm layers, %lld heads, "
+              "d_ff %lld, Noam warmup %lld\n",
+              (long long)o.vocab, (long long)o.seq_len, (long long)o.batch, (long long)o.d_model, (long long)o.layers,
+              (long long)o.layers, o.pre_norm ? "pre" : "post", (long long)o.heads, (long long)o.d_ff,
+              (long long)o.warmup);
+  std::fflush(stdout);
+  const CopyTaskResult r = train_copy_task(o);
+  if (r.solved) {
+    std::printf("solved: every held-out sequence copied exactly after %lld steps\n", (long long)r.steps);
+    return 0;
+  }
+  std::printf("not solved after %lld steps: %.1f%% exact copies\n", (long long)r.steps, 100 * r.accuracy);
+  return 1;
+}
+
+Task copy_task() {
+  TaskSpec<CopyTaskOptions> t;
+  t.name = "copy", t.summary = "the Annotated Transformer's copy task";
+  t.table = [](CopyTaskOptions& o) { return options_table(o); };
+  t.run = run_copy_task;
+  return make_task(std::move(t));
 }
 
 }  // namespace tapestry::apps

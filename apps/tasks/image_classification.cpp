@@ -1,6 +1,7 @@
 // The image-classification task (see image_classification.h).
 #include "apps/tasks/image_classification.h"
 
+#include "apps/tasks/task.h"
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -305,6 +306,14 @@ ImageClassifier load_image_classifier(const std::string& dir) {
   }
   r.names = class_names(r.data_dir, c.classes);
   return r;
+}
+
+Task image_task() {
+  TaskSpec<ImageOptions> t;
+  t.name = "image", t.summary = "a Vision Transformer on MNIST-layout images";
+  t.table = [](ImageOptions& o) { return options_table(o); };
+  t.run = [](const ImageOptions& o) { return exit_status(train_image_classifier(o).interrupted); };
+  return make_task(std::move(t));
 }
 
 }  // namespace tapestry::apps

@@ -1,6 +1,7 @@
 // The language-model task (see language_model.h).
 #include "apps/tasks/language_model.h"
 
+#include "apps/tasks/task.h"
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -729,6 +730,15 @@ LanguageModel load_hf_language_model(const std::string& dir) {
            dir, lm.tokenizer->name(), lm.tokenizer->vocab_size(), c.vocab);
   lm.model = load_llama_hf(dir, c);
   return lm;
+}
+
+Task language_model_task() {
+  TaskSpec<LMOptions> t;
+  t.name = "lm", t.summary = "a GPT language model on any text";
+  t.table = [](LMOptions& o) { return options_table(o); };
+  t.toml = [](const LMOptions& o) { return options_to_toml(o); };
+  t.run = [](const LMOptions& o) { return exit_status(train_language_model(o).interrupted); };
+  return make_task(std::move(t));
 }
 
 }  // namespace tapestry::apps

@@ -1,6 +1,7 @@
 // The text tasks (see text_classification.h).
 #include "apps/tasks/text_classification.h"
 
+#include "apps/tasks/task.h"
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -468,6 +469,24 @@ TextClassifier load_text_classifier(const std::string& dir) {
   TP_CHECK(c.subword->vocab_size() + 1 == (c.bert ? c.bert->config.vocab : c.bow->vocab),
            "{}: the model's vocabulary does not match {}/spm.model", s.path, dir);
   return c;
+}
+
+Task mlm_task() {
+  TaskSpec<TextOptions> t;
+  t.name = "mlm", t.summary = "masked-LM pre-training of the text encoder on the mail corpus";
+  t.defaults = default_mlm_options;
+  t.table = mlm_options_table;
+  t.run = [](const TextOptions& o) { return exit_status(train_mlm(o).interrupted); };
+  return make_task(std::move(t));
+}
+
+Task classify_task() {
+  TaskSpec<TextOptions> t;
+  t.name = "classify", t.summary = "ham/spam";
+  t.defaults = default_classify_options;
+  t.table = classify_options_table;
+  t.run = [](const TextOptions& o) { return exit_status(train_text_classifier(o).interrupted); };
+  return make_task(std::move(t));
 }
 
 }  // namespace tapestry::apps

@@ -1,6 +1,7 @@
 // The translation training loop (see translation.h).
 #include "apps/tasks/translation.h"
 
+#include "apps/tasks/task.h"
 #include <unistd.h>
 
 #include <chrono>
@@ -313,6 +314,17 @@ Translator load_translator(const std::string& dir, const std::string& weights) {
 std::vector<std::string> translate(Translator& t, const std::vector<std::string>& sources, int64_t beam, double alpha,
                                    int64_t batch) {
   return translate_all(*t.model, *t.subword, sources, beam, alpha, batch);
+}
+
+Task translation_task() {
+  TaskSpec<TranslationOptions> t;
+  t.name = "multi30k", t.summary = "German to English";
+  t.quick = "the quick recipe, which shows learning in minutes (docs/training.md)";
+  t.quick_defaults = quick_translation_options;
+  t.table = [](TranslationOptions& o) { return options_table(o); };
+  t.toml = [](const TranslationOptions& o) { return options_to_toml(o); };
+  t.run = [](const TranslationOptions& o) { return exit_status(train_translation(o).interrupted); };
+  return make_task(std::move(t));
 }
 
 }  // namespace tapestry::apps

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# The PyTorch parity test: parity_dump writes the model, a batch and tapestry's results; the
-# reference recomputes them in PyTorch and fails on any mismatch.
-#   tests/parity.sh PARITY_DUMP_BINARY post|pre separate|shared
+# A PyTorch parity test: BINARY writes a small model, a batch and tapestry's results (logits,
+# loss, gradients, optimizer steps) to a dump file; the reference script recomputes them in
+# PyTorch and fails on any mismatch.
+#   tests/parity.sh BINARY REFERENCE [ARG...]
+# `BINARY DUMP ARG...` writes the dump; REFERENCE is a script of tools/reference/ with the words
+# it takes before the dump ("gpt_ref.py check").
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 dump="$(mktemp --suffix=.safetensors)"
 trap 'rm -f "$dump"' EXIT
-"$1" "$dump" "$2" "$3"
-OMP_NUM_THREADS=1 /usr/bin/python3 "$here/tools/reference/transformer_ref.py" "$dump"
+binary="$1"
+read -ra reference <<<"$2"
+shift 2
+"$binary" "$dump" "$@"
+OMP_NUM_THREADS=1 /usr/bin/python3 "$here/tools/reference/${reference[0]}" "${reference[@]:1}" "$dump"

@@ -331,7 +331,7 @@ TEST_CASE("train_language_model --base --lora-rank: adapters saved alone, the ba
   o.base = dir + "/base";
   o.lora_rank = 4;
   o.lora_targets = "q, k,v,o,gate,up,down";
-  o.lr = 1e-2;
+  o.adamw.lr = 1e-2;
   o.merge = true;
   o.trainer.step_log = dir + "/ft.steps.tsv";
   const apps::LMResult a = apps::train_language_model(o);
@@ -444,11 +444,11 @@ TEST_CASE("train_language_model: errors name the option or the file") {
             .find("train: --time-limit: must be a number >= 0, got '-1.0'") != std::string::npos);
   CHECK(error_with([](apps::LMOptions& o) { o.trainer.epochs = 0; }).find("--epochs: must be a positive integer") !=
         std::string::npos);
-  CHECK(error_with([](apps::LMOptions& o) { o.lr = std::nan(""); }).find("--lr: must be a number > 0, got 'nan'") !=
+  CHECK(error_with([](apps::LMOptions& o) { o.adamw.lr = std::nan(""); }).find("--lr: must be a number > 0, got 'nan'") !=
         std::string::npos);
-  CHECK(error_with([](apps::LMOptions& o) { o.min_lr = 1.0; }).find("--min-lr 1 is above --lr 0.002") !=
+  CHECK(error_with([](apps::LMOptions& o) { o.adamw.min_lr = 1.0; }).find("--min-lr 1 is above --lr 0.002") !=
         std::string::npos);
-  CHECK(error_with([](apps::LMOptions& o) { o.device = "tpu"; }).find("train: --device: ") != std::string::npos);
+  CHECK(error_with([](apps::LMOptions& o) { o.trainer.device = "tpu"; }).find("train: --device: ") != std::string::npos);
   // A validation file with no text, and a --block that leaves less than a batch of windows: one
   // line at once, before any training.
   const std::string blank = dir + "/blank.txt";

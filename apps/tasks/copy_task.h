@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "apps/train/run_setup.h"
 #include "apps/train/trainer.h"
 
 namespace tapestry::apps {
@@ -24,8 +25,6 @@ struct CopyTaskOptions {
   double lr_factor = 0.5;  // the Annotated Transformer: Adam lr 0.5 times rate(factor 1): peak 1.1e-3
   int64_t max_steps = 3000;
   int64_t eval_sequences = 200;
-  int64_t threads = 0;    // 0: all cores
-  std::string device = "cpu";  // where the model trains: cpu, cuda or cuda:N (a -DTAPESTRY_CUDA=ON build)
 };
 
 // The task's options, one row each (flag, help, values): the command line's flags.

@@ -1,12 +1,13 @@
 // The image-classification task (see image_classification.h).
 #include "apps/tasks/image_classification.h"
 
-#include "apps/tasks/task.h"
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
 #include "apps/eval/image_plots.h"
+#include "apps/tasks/task.h"
 #include "apps/train/run_dir.h"
 #include "apps/train/saved_model.h"
 #include "tapestry/data/dataloader.h"
@@ -46,11 +47,7 @@ OptionTable options_table(ImageOptions& o) {
         "less than the size: overlapping)").at_least(0).recipe();
   t.add("batch", o.batch, "images per batch").positive().recipe();
   t.take(trainer, "epochs").recipe();  // the cosine schedule spans them
-  t.add("warmup", o.warmup, "steps of linear warmup before the cosine decay").positive();
-  t.add("lr", o.lr, "peak learning rate (AdamW)").above(0);
-  t.add("min-lr", o.min_lr, "learning rate at the end of the cosine decay").at_least(0);
-  t.add("weight-decay", o.weight_decay, "AdamW weight decay on matrices (none on biases, LayerNorm, [CLS], "
-        "positions)").at_least(0);
+  o.adamw.add_rows(t, "AdamW weight decay on matrices (none on biases, LayerNorm, [CLS], positions)");
   t.add("dropout", o.dropout, "dropout").at_least(0).below(1);
   t.add("label-smoothing", o.label_smoothing, "label smoothing of the loss").at_least(0).below(1);
   t.add("val-size", o.val_size, "training images held out for validation").positive().recipe();
@@ -62,9 +59,7 @@ OptionTable options_table(ImageOptions& o) {
   t.add("limit", o.limit, "train on the first N training images only (0: all)").at_least(0).recipe();
   t.add("classes", o.classes, "the number of classes (0: the config's, 10); every label, train and test, must be "
         "below it").at_least(0).recipe();
-  t.take(trainer, "save-every");
-  t.add_process_rows(o.threads, o.device);
-  t.take_all(trainer, kRunControlFlags);
+  add_run_rows(t, trainer);
   return t;
 }
 
@@ -99,15 +94,12 @@ class ImageData : public DataSource {
   int64_t epoch_ = 1;
 };
 
-std::unique_ptr<optim::AdamW> vit_adamw(ViT& model, const ImageOptions& o) {
+std::unique_ptr<optim::AdamW> vit_adamw(ViT& model, const AdamWCosine& recipe) {
   // Decay the matrices only: biases, LayerNorms, the [CLS] token and the positions keep theirs (timm's rule).
   std::vector<Tensor> decay, no_decay;
   for (auto& [name, p] : model.named_parameters())
     (p.dim() >= 2 && name != "cls_token" && name != "pos_embed" ? decay : no_decay).push_back(p);
-  optim::AdamWOptions ao;
-  ao.lr = o.lr, ao.beta1 = 0.9, ao.beta2 = 0.999, ao.eps = 1e-8, ao.weight_decay = o.weight_decay;
-  return std::make_unique<optim::AdamW>(
-      std::vector<optim::ParamGroup>{{decay, std::nullopt, o.weight_decay}, {no_decay, std::nullopt, 0.0}}, ao);
+  return recipe.adamw(decay, no_decay);
 }
 
 std::map<std::string, std::string> vit_metadata(const ViTConfig& c, const std::string& data_dir,
@@ -155,35 +147,37 @@ ImageScores score_images(ViT& model, const Tensor& images, const Tensor& labels,
   return r;
 }
 
-ImageResult train_image_classifier(const ImageOptions& options) {
-  ImageOptions o = options;
-  const OptionTable table = options_table(o);
-  table.check();
-  TP_CHECK(o.min_lr <= o.lr, "train: --min-lr {} is above --lr {}", o.min_lr, o.lr);
-  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
-  ViTConfig cfg = ViTConfig::named(o.config);  // checks the name before the data are read
-  TrainerOptions to = o.trainer;
-  const std::string dir = o.data_dir.empty() ? default_image_dir() : o.data_dir;
+namespace {
 
-  // Data: the training images split into train and val by a fixed seed (not --seed: the same
-  // val images for every run); the test images are read at the end.
+// The images of an MNIST-layout folder: the training images split into train and val by a fixed
+// seed (not --seed: the same val images for every run), standardised by the training split's
+// mean and deviation, and the test images, read and checked here (before the first step, not
+// after the last epoch). Sets the config's image size, classes and patches.
+struct ImageSplits {
+  std::string dir;
+  data::TensorDataset train, val;
+  data::ImageSet test;
+  Normalization norm;  // recorded with the weights, so that whatever reads the model later feeds it the same
+};
+
+ImageSplits read_images(const ImageOptions& o, ViTConfig& cfg) {
+  ImageSplits d;
+  d.dir = o.data_dir.empty() ? default_image_dir() : o.data_dir;
+  const std::string& dir = d.dir;
   data::ImageSet train_set = data::read_mnist(dir, true);
   const int64_t n_all = train_set.images.size(0);
   TP_CHECK(o.val_size < n_all, "train: --val-size {} leaves no training images of the {} in {}", o.val_size, n_all, dir);
   auto split = data::random_split(data::TensorDataset(train_set.images, train_set.labels),
                                   {n_all - o.val_size, o.val_size}, 20251124);
-  data::TensorDataset train = split[0], val = split[1];
-  if (o.limit > 0 && o.limit < train.size()) train = train.subset(arange(o.limit));
-  // Pixels standardised by the training split's mean and deviation (recorded with the weights,
-  // so that whatever reads the model later feeds it the same).
-  const Normalization norm{train.data().mean().item<double>(), std::sqrt(var(train.data()).item<double>())};
-  val = data::TensorDataset(norm.apply(val.data()), val.target());
+  d.train = split[0], d.val = split[1];
+  if (o.limit > 0 && o.limit < d.train.size()) d.train = d.train.subset(arange(o.limit));
+  d.norm = {d.train.data().mean().item<double>(), std::sqrt(var(d.train.data()).item<double>())};
+  d.val = data::TensorDataset(d.norm.apply(d.val.data()), d.val.target());
   cfg.image_size = train_set.images.size(2);
   TP_CHECK(train_set.images.size(2) == train_set.images.size(3), "train: {} holds {}x{} images; the ViT takes square ones",
            dir, train_set.images.size(2), train_set.images.size(3));
   // The class count is the config's or the user's, never read off the labels: a stray 255 among
-  // labels 0-3 made a 256-class model (issue 44). The test set is read and checked here too,
-  // before the first step, not after the last epoch.
+  // labels 0-3 made a 256-class model (issue 44).
   if (o.classes > 0) cfg.classes = o.classes;
   auto check_labels = [&](const data::ImageSet& set, const char* which) {
     const int64_t lo = set.labels.numel() ? set.labels.min().item<int64_t>() : 0;
@@ -192,96 +186,111 @@ ImageResult train_image_classifier(const ImageOptions& options) {
              "--classes", which, dir, lo, hi, cfg.classes);
   };
   check_labels(train_set, "training");
-  const data::ImageSet test = data::read_mnist(dir, false);
-  check_labels(test, "test");
-  TP_CHECK(test.images.size(2) == train_set.images.size(2) && test.images.size(3) == train_set.images.size(3),
-           "train: {} holds {}x{} test images but {}x{} training images", dir, test.images.size(2),
-           test.images.size(3), train_set.images.size(2), train_set.images.size(3));
+  d.test = data::read_mnist(dir, false);
+  check_labels(d.test, "test");
+  TP_CHECK(d.test.images.size(2) == train_set.images.size(2) && d.test.images.size(3) == train_set.images.size(3),
+           "train: {} holds {}x{} test images but {}x{} training images", dir, d.test.images.size(2),
+           d.test.images.size(3), train_set.images.size(2), train_set.images.size(3));
   TP_CHECK(o.crop_padding < cfg.image_size, "train: --crop-padding {} is not below the image size {}: a crop could "
            "hold no pixel of the image", o.crop_padding, cfg.image_size);
   cfg.dropout = o.dropout;
   if (o.patch > 0) cfg.patch_size = o.patch, cfg.patch_stride = 0;  // a new size: non-overlapping unless told
   if (o.patch_stride > 0) cfg.patch_stride = o.patch_stride;
   cfg.validate();
-  train_set = {};
-  RunFolder folder(to.out_dir, to.resume, to.overwrite, {"config.toml", "confusion.txt", "confusion.svg"});
-  manual_seed(to.seed);
+  return d;
+}
 
-  // Model, optimizer, schedule, batches.
-  ViT model(cfg);
-  const Device device = training_device(o.device);
-  model.to(device);
-  const std::unique_ptr<optim::AdamW> adamw = vit_adamw(model, o);
+// Shuffled batches of the training split, augmented (a random crop of the zero-padded image, as
+// torchvision's, and horizontal flips) and standardised.
+data::DataLoader image_loader(const ImageOptions& o, const ImageSplits& d) {
   data::DataLoaderOptions lo;
-  lo.batch_size = o.batch, lo.shuffle = true, lo.seed = to.seed;
+  lo.batch_size = o.batch, lo.shuffle = true, lo.seed = o.trainer.seed;
   const int64_t pad = o.crop_padding;
   const bool flip = o.flip;
-  data::DataLoader loader(train, lo, [pad, flip, norm](data::Batch b, Generator& gen) {
-    if (pad > 0) b.data = data::random_crop(b.data, pad, gen);  // pads with black, as torchvision's
+  const Normalization norm = d.norm;
+  return data::DataLoader(d.train, lo, [pad, flip, norm](data::Batch b, Generator& gen) {
+    if (pad > 0) b.data = data::random_crop(b.data, pad, gen);
     if (flip) b.data = data::random_horizontal_flip(b.data, gen);
     b.data = norm.apply(b.data);
     return b;
   });
-  ImageData batches(model, loader, device, o.label_smoothing);
-  const int64_t steps_per_epoch = loader.batches(), total_steps = steps_per_epoch * to.epochs;
-  optim::CosineSchedule schedule(o.lr, std::min(o.warmup, total_steps), total_steps, o.min_lr);
-  std::printf("train: ViT %s (patch %lld every %lld, %lld tokens, %lld layers, %lld heads, d_model %lld, %lld parameters) on %s: %lld train, "
-              "%lld val images; batch %lld, %lld epochs of %lld steps, AdamW lr %.2e -> %.2e (cosine, warmup %lld), "
-              "weight decay %.2f, augmentation: crop padding %lld, flip %s\n",
-              o.config.c_str(), (long long)cfg.patch_size, (long long)cfg.stride(), (long long)cfg.patches() + 1,
-              (long long)cfg.layers, (long long)cfg.heads,
-              (long long)cfg.d_model, (long long)model.num_parameters(), dir.c_str(), (long long)train.size(),
-              (long long)val.size(), (long long)o.batch, (long long)to.epochs, (long long)steps_per_epoch, o.lr,
-              o.min_lr, (long long)std::min(o.warmup, total_steps), o.weight_decay, (long long)pad, flip ? "on" : "off");
-  std::fflush(stdout);
+}
 
-  to.rate_unit = "img";
-  to.recipe = table.recipe();
-  to.recipe.insert({{"task", "image"}, {"data", dir}});
-  to.run_files = {{"config.toml", table.to_toml()}};
-  to.model_metadata = vit_metadata(cfg, dir, norm);
-  to.curves_title = fmt::format("ViT {} on {}", o.config, dir);
-
-  const auto start = std::chrono::steady_clock::now();
-  Trainer trainer(model, *adamw, &schedule, to);
-  trainer.evaluate = [&](int64_t, int64_t) {
-    const ImageScores v = score_images(model, val.data(), val.target(), 500);
-    return Metrics{{"val_loss", "val loss", v.loss, 4, "", false},
-                   {"val_accuracy", "val accuracy", 100 * v.accuracy, 2, "%", true}};
-  };
-  const FitResult fit = trainer.fit(batches);
-
+// The run's figures; the final model's test accuracy and confusion matrix (written beside the
+// weights) when the run finished.
+ImageResult image_result(const FitResult& fit, ViT& model, const ImageOptions& o, const ImageSplits& d,
+                         const std::string& out_dir, double seconds) {
   ImageResult r;
   r.steps = fit.steps, r.stopped = fit.stopped, r.interrupted = fit.interrupted;
   r.parameters = model.num_parameters();
-  r.seconds = seconds_since(start);
+  r.seconds = seconds;
   double images = 0, train_seconds = 0;
   for (const EpochRecord& e : fit.epochs) images += e.tokens_per_s * e.seconds, train_seconds += e.seconds;
   r.images_per_s = train_seconds > 0 ? images / train_seconds : 0;
   if (fit.stopped || fit.interrupted || fit.last_metrics.empty() || !dist::is_main()) return r;
   r.val_accuracy = metric(fit.last_metrics, "val_accuracy") / 100;
-
-  // The test images, once, with the final model.
   model.eval();
-  ImageScores t = score_images(model, norm.apply(test.images), test.labels, 500);
+  ImageScores t = score_images(model, d.norm.apply(d.test.images), d.test.labels, 500);
   r.test_accuracy = t.accuracy;
   r.confusion = std::move(t.confusion);
-  const std::vector<std::string> names = class_names(dir, cfg.classes);
+  const std::vector<std::string> names = class_names(d.dir, model.config.classes);
   const std::string table_text = confusion_table(r.confusion, names);
-  if (!to.out_dir.empty()) {
-    write_file_atomic(to.out_dir + "/confusion.txt", table_text);
-    write_confusion_svg(to.out_dir + "/confusion.svg",
-                        fmt::format("ViT {} on {}: test accuracy {:.2f}%", o.config, dir, 100 * r.test_accuracy),
+  if (!out_dir.empty()) {
+    write_file_atomic(out_dir + "/confusion.txt", table_text);
+    write_confusion_svg(out_dir + "/confusion.svg",
+                        fmt::format("ViT {} on {}: test accuracy {:.2f}%", o.config, d.dir, 100 * r.test_accuracy),
                         r.confusion, names);
   }
-  std::printf("test confusion matrix (%lld images):\n%s", (long long)test.images.size(0), table_text.c_str());
+  std::printf("test confusion matrix (%lld images):\n%s", (long long)d.test.images.size(0), table_text.c_str());
   std::printf("final: test accuracy %.2f%% (%lld images), val accuracy %.2f%%; %lld steps, %.0f train images/s, "
               "wall time %s%s\n",
-              100 * r.test_accuracy, (long long)test.images.size(0), 100 * r.val_accuracy, (long long)r.steps,
+              100 * r.test_accuracy, (long long)d.test.images.size(0), 100 * r.val_accuracy, (long long)r.steps,
               r.images_per_s, clock_text(r.seconds).c_str(),
-              to.out_dir.empty() ? "" : fmt::format("; {}/confusion.svg", to.out_dir).c_str());
+              out_dir.empty() ? "" : fmt::format("; {}/confusion.svg", out_dir).c_str());
   std::fflush(stdout);
   return r;
+}
+
+}  // namespace
+
+ImageResult train_image_classifier(const ImageOptions& options) {
+  ImageOptions o = options;
+  RunSetup run(options_table(o), o.trainer);
+  ViTConfig cfg = ViTConfig::named(o.config);  // checks the name before the data are read
+  const ImageSplits d = read_images(o, cfg);
+  run.open({"confusion.txt", "confusion.svg"});
+
+  // Model, optimizer, schedule, batches.
+  ViT model(cfg);
+  const Device device = training_device(o.trainer.device);
+  model.to(device);
+  const std::unique_ptr<optim::AdamW> adamw = vit_adamw(model, o.adamw);
+  ImageData batches(model, image_loader(o, d), device, o.label_smoothing);
+  const int64_t steps_per_epoch = batches.plan(1), total_steps = steps_per_epoch * o.trainer.epochs;
+  const optim::CosineSchedule schedule = o.adamw.schedule(total_steps);
+  std::printf("train: ViT %s (patch %lld every %lld, %lld tokens, %lld layers, %lld heads, d_model %lld, %lld parameters) on %s: %lld train, "
+              "%lld val images; batch %lld, %lld epochs of %lld steps, AdamW lr %.2e -> %.2e (cosine, warmup %lld), "
+              "weight decay %.2f, augmentation: crop padding %lld, flip %s\n",
+              o.config.c_str(), (long long)cfg.patch_size, (long long)cfg.stride(), (long long)cfg.patches() + 1,
+              (long long)cfg.layers, (long long)cfg.heads, (long long)cfg.d_model, (long long)model.num_parameters(),
+              d.dir.c_str(), (long long)d.train.size(), (long long)d.val.size(), (long long)o.batch,
+              (long long)o.trainer.epochs, (long long)steps_per_epoch, o.adamw.lr, o.adamw.min_lr,
+              (long long)o.adamw.warmup_steps(total_steps), o.adamw.weight_decay, (long long)o.crop_padding,
+              o.flip ? "on" : "off");
+  std::fflush(stdout);
+
+  TrainerOptions& to = run.record({{"task", "image"}, {"data", d.dir}}, vit_metadata(cfg, d.dir, d.norm),
+                                  fmt::format("ViT {} on {}", o.config, d.dir));
+  to.rate_unit = "img";
+  const auto start = std::chrono::steady_clock::now();
+  Trainer trainer(model, *adamw, &schedule, to);
+  trainer.evaluate = [&](int64_t, int64_t) {
+    const ImageScores v = score_images(model, d.val.data(), d.val.target(), 500);
+    return Metrics{{"val_loss", "val loss", v.loss, 4, "", false},
+                   {"val_accuracy", "val accuracy", 100 * v.accuracy, 2, "%", true}};
+  };
+  const FitResult fit = trainer.fit(batches);
+  return image_result(fit, model, o, d, to.out_dir, seconds_since(start));
 }
 
 ImageClassifier load_image_classifier(const std::string& dir) {

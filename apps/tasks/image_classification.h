@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/train/run_setup.h"
 #include "apps/train/trainer.h"
 #include "tapestry/models/vit.h"
 
@@ -30,8 +31,8 @@ struct ImageOptions {
   std::string config = "fmnist";  // models::ViTConfig::named
   int64_t patch = 0, patch_stride = 0;  // 0: the config's patch size; non-overlapping
   int64_t batch = 128;
-  double lr = 2e-3, min_lr = 1e-5, weight_decay = 0.05, dropout = 0.0, label_smoothing = 0.0;
-  int64_t warmup = 300;          // steps
+  AdamWCosine adamw = {300, 2e-3, 1e-5, 0.05};  // warmup steps, lr, min-lr, weight decay
+  double dropout = 0.0, label_smoothing = 0.0;
   int64_t val_size = 5000;       // training images held out for validation
   // Augmentation: light, since this small model underfits under more (crop padding 2 + flip:
   // val 89.74%) and overfits under none (90.04%); padding 1 + flip gave 90.94% (docs/training.md,
@@ -40,8 +41,6 @@ struct ImageOptions {
   bool flip = true;              // random horizontal flips
   int64_t limit = 0;             // train on the first N training images only (0: all)
   int64_t classes = 0;           // the class count (0: the config's); every label must be below it
-  int64_t threads = 0;
-  std::string device = "cpu";
 };
 
 // Pixels standardised as (x - mean) / std, the training split's figures.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "apps/data/lm_tokenizer.h"
+#include "apps/train/run_setup.h"
 #include "apps/train/trainer.h"
 #include "tapestry/models/causal_lm.h"
 
@@ -39,13 +40,9 @@ struct LMOptions {
   std::string config = "mini";   // one of the model's named configs (GPTConfig / LlamaConfig)
   int64_t block = 64;       // context length of the training windows (<= the config's, which it replaces)
   int64_t batch = 32;       // windows per batch
-  double lr = 2e-3, min_lr = 2e-4;
-  int64_t warmup = 200;     // steps of linear warmup, then cosine decay to min_lr at the last step
-  double weight_decay = 0.1;
+  AdamWCosine adamw = {200, 2e-3, 2e-4, 0.1};  // warmup steps, lr, min-lr, weight decay (on the matrices)
   double dropout = 0.1;
   int64_t limit = 0;        // train on the first N lines only (0: all)
-  int64_t threads = 0;
-  std::string device = "cpu";  // where the model trains: cpu, cuda or cuda:N (a -DTAPESTRY_CUDA=ON build)
   bool export_ids = false;  // also write train.ids/val.ids (int32) and ids.json for tools/lm-compare.sh
   std::vector<std::string> prompts;  // sampled (greedy and seeded) after training
 

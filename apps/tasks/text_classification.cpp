@@ -1,12 +1,12 @@
 // The text tasks (see text_classification.h).
 #include "apps/tasks/text_classification.h"
 
-#include "apps/tasks/task.h"
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 
 #include "apps/data/mail_corpus.h"
+#include "apps/tasks/task.h"
 #include "apps/train/run_dir.h"
 #include "apps/train/saved_model.h"
 #include "tapestry/data/dataloader.h"
@@ -22,7 +22,7 @@ TextOptions default_mlm_options() {
   TextOptions o;
   o.trainer.out_dir = "runs/mlm";
   o.trainer.epochs = 8;
-  o.lr = 1e-3;
+  o.adamw.lr = 1e-3;
   return o;
 }
 
@@ -41,17 +41,12 @@ void add_common_rows(OptionTable& t, OptionTable& trainer, TextOptions& o) {
   t.add("max-len", o.max_len, "tokens per mail, [CLS] and [SEP] included").at_least(3).recipe();
   t.add("batch", o.batch, "mails per batch").positive().recipe();
   t.take(trainer, "epochs").recipe();  // the cosine schedule spans them
-  t.add("warmup", o.warmup, "steps of linear warmup before the cosine decay").positive();
-  t.add("lr", o.lr, "peak learning rate (AdamW)").above(0);
-  t.add("min-lr", o.min_lr, "learning rate at the end of the cosine decay").at_least(0);
-  t.add("weight-decay", o.weight_decay, "AdamW weight decay on matrices").at_least(0);
+  o.adamw.add_rows(t, "AdamW weight decay on matrices");
   t.add("dropout", o.dropout, "dropout").at_least(0).below(1);
   t.take(trainer, "clip-norm");
   t.take(trainer, "seed").recipe();
   t.add("limit", o.limit, "train on the first N training mails only (0: all)").at_least(0).recipe();
-  t.take(trainer, "save-every");
-  t.add_process_rows(o.threads, o.device);
-  t.take_all(trainer, kRunControlFlags);
+  add_run_rows(t, trainer);
 }
 
 }  // namespace
@@ -73,6 +68,7 @@ OptionTable classify_options_table(TextOptions& o) {
   t.add("config", o.config, "model size (from scratch)").one_of(BertConfig::names()).recipe();
   t.add("vocab-size", o.vocab_size, "SentencePiece vocabulary (from scratch)").positive().recipe();
   add_common_rows(t, trainer, o);
+  t.add_check([&o] { return o.init.empty() || o.model == "bert" ? "" : "--init fine-tunes the encoder; --model bow starts from scratch"; });
   return t;
 }
 
@@ -175,13 +171,10 @@ class MailBatches : public DataSource {
   int64_t epoch_ = 1;
 };
 
-std::unique_ptr<optim::AdamW> text_adamw(nn::Module& model, const TextOptions& o) {
+std::unique_ptr<optim::AdamW> text_adamw(nn::Module& model, const AdamWCosine& recipe) {
   std::vector<Tensor> decay, no_decay;  // matrices decay; biases, LayerNorms and embeddings' biases do not
   for (auto& [name, p] : model.named_parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  optim::AdamWOptions ao;
-  ao.lr = o.lr, ao.weight_decay = o.weight_decay;
-  return std::make_unique<optim::AdamW>(
-      std::vector<optim::ParamGroup>{{decay, std::nullopt, o.weight_decay}, {no_decay, std::nullopt, 0.0}}, ao);
+  return recipe.adamw(decay, no_decay);
 }
 
 // max_len: the tokens per mail the model was trained on; positions: its position table (BertConfig::max_len).
@@ -228,73 +221,76 @@ double seconds_of(const FitResult& fit) {
 
 }  // namespace
 
+namespace {
+
+// BERT's masking of a batch of ids: random replacements come from the pieces (4 ..), never a
+// special id or [MASK] itself.
+struct Masking {
+  int64_t mask_id;
+  double prob;
+  models::MaskedTokens operator()(const Tensor& ids, Generator& gen) const {
+    return models::mask_tokens(ids, mask_id, mask_id, 4, kSpecial, gen, prob);
+  }
+};
+
+// The val mails' masked-LM loss and masked-token accuracy, with the same masks every time (one
+// generator per evaluation).
+Metrics mlm_metrics(Bert& model, const std::vector<std::vector<int64_t>>& val, const Masking& mask, int64_t batch) {
+  NoGradGuard no_grad;
+  Generator gen(7);
+  double loss = 0;
+  int64_t targets = 0, correct = 0;
+  for (size_t s = 0; s < val.size(); s += static_cast<size_t>(batch)) {
+    models::MaskedTokens m = mask(pad_batch(val, batch_rows(s, val.size(), batch)), gen);
+    Tensor logits = model.mlm_logits(model.encode(m.ids)).reshape({-1, model.config.vocab});
+    Tensor labels = m.labels.reshape({-1}).to(logits.device());
+    loss += cross_entropy(logits, labels, 0.0, -100, Reduction::Sum).item<double>();
+    Tensor chosen = ne(labels, -100.0);
+    targets += chosen.to(DType::Int64).sum().item<int64_t>();
+    correct += mul(chosen.to(DType::Int64), eq(argmax(logits, 1), labels).to(DType::Int64)).sum().item<int64_t>();
+  }
+  return Metrics{{"val_loss", "val MLM loss", loss / std::max<int64_t>(1, targets), 4, "", false},
+                 {"val_mlm_accuracy", "val masked-token accuracy", 100.0 * correct / std::max<int64_t>(1, targets), 2,
+                  "%", true}};
+}
+
+}  // namespace
+
 TextResult train_mlm(const TextOptions& options) {
   TextOptions o = options;
-  const OptionTable table = mlm_options_table(o);
-  table.check();
-  TP_CHECK(o.min_lr <= o.lr, "train: --min-lr {} is above --lr {}", o.min_lr, o.lr);
-  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
+  RunSetup run(mlm_options_table(o), o.trainer);
   BertConfig::named(o.config, 1);
-  TrainerOptions to = o.trainer;
   const Corpus corpus = read_corpus(o);
-  RunFolder folder(to.out_dir, to.resume, to.overwrite, {"spm.model", "spm.recipe", "config.toml"});
-  manual_seed(to.seed);
+  run.open({"spm.model", "spm.recipe"});
   const std::unique_ptr<Subword> sp = text_tokenizer(o, corpus);
   const auto train = encode_mails(*sp, corpus.split.train, o.max_len), val = encode_mails(*sp, corpus.split.val, o.max_len);
-  const int64_t mask_id = sp->vocab_size();  // one id past SentencePiece's pieces
+  const Masking mask{sp->vocab_size(), o.mask_prob};  // [MASK]: one id past SentencePiece's pieces
   BertConfig cfg = BertConfig::named(o.config, sp->vocab_size() + 1);
   cfg.max_len = o.max_len, cfg.dropout = o.dropout;
   Bert model(cfg);
-  model.to(training_device(o.device));
-  const std::unique_ptr<optim::AdamW> adamw = text_adamw(model, o);
-  const uint64_t seed = to.seed;
-  const double prob = o.mask_prob;
-  auto mask = [&, prob](const Tensor& ids, Generator& gen) {
-    // Random replacements come from the pieces (4 ..): never a special id or [MASK] itself.
-    return models::mask_tokens(ids, mask_id, mask_id, 4, kSpecial, gen, prob);
-  };
-  MailBatches batches(static_cast<int64_t>(train.size()), o.batch, seed,
+  model.to(training_device(o.trainer.device));
+  const std::unique_ptr<optim::AdamW> adamw = text_adamw(model, o.adamw);
+  MailBatches batches(static_cast<int64_t>(train.size()), o.batch, o.trainer.seed,
                       [&](const std::vector<int64_t>& rows, Generator& gen) {
                         models::MaskedTokens m = mask(pad_batch(train, rows), gen);
                         const int64_t targets = ne(m.labels, -100.0).to(DType::Int64).sum().item<int64_t>();
                         return TrainBatch{targets, [&model, m] { return model.mlm_loss(m.ids, m.labels); }};
                       });
-  const int64_t steps_per_epoch = batches.plan(1), total = steps_per_epoch * to.epochs;
-  optim::CosineSchedule schedule(o.lr, std::min(o.warmup, total), total, o.min_lr);
+  const int64_t steps_per_epoch = batches.plan(1);
+  const optim::CosineSchedule schedule = o.adamw.schedule(steps_per_epoch * o.trainer.epochs);
   std::printf("train: masked LM (%s: %lld layers, %lld heads, d_model %lld, %lld parameters) on %s: %zu train, %zu val "
               "mails, SentencePiece %lld + [MASK], max_len %lld, batch %lld, %lld epochs of %lld steps, AdamW lr %.2e\n",
               o.config.c_str(), (long long)cfg.layers, (long long)cfg.heads, (long long)cfg.d_model,
               (long long)model.num_parameters(), corpus.dir.c_str(), train.size(), val.size(),
-              (long long)sp->vocab_size(), (long long)o.max_len, (long long)o.batch, (long long)to.epochs,
-              (long long)steps_per_epoch, o.lr);
+              (long long)sp->vocab_size(), (long long)o.max_len, (long long)o.batch, (long long)o.trainer.epochs,
+              (long long)steps_per_epoch, o.adamw.lr);
   std::fflush(stdout);
-  to.recipe = table.recipe();
-  to.recipe.insert({{"task", "mlm"}, {"data", corpus.dir}});
-  to.run_files = {{"config.toml", table.to_toml()}};
+  TrainerOptions& to = run.record({{"task", "mlm"}, {"data", corpus.dir}}, bert_metadata(cfg, "mlm", "bert", cfg.max_len),
+                                  fmt::format("masked LM {} on {}", o.config, corpus.dir));
   to.rate_unit = "masked tok";
-  to.model_metadata = bert_metadata(cfg, "mlm", "bert", cfg.max_len);
-  to.curves_title = fmt::format("masked LM {} on {}", o.config, corpus.dir);
 
   Trainer trainer(model, *adamw, &schedule, to);
-  trainer.evaluate = [&](int64_t, int64_t) {
-    // The same masks every time: one generator per evaluation.
-    NoGradGuard no_grad;
-    Generator gen(7);
-    double loss = 0;
-    int64_t targets = 0, correct = 0;
-    for (size_t s = 0; s < val.size(); s += static_cast<size_t>(o.batch)) {
-      models::MaskedTokens m = mask(pad_batch(val, batch_rows(s, val.size(), o.batch)), gen);
-      Tensor logits = model.mlm_logits(model.encode(m.ids)).reshape({-1, cfg.vocab});
-      Tensor labels = m.labels.reshape({-1}).to(logits.device());
-      loss += cross_entropy(logits, labels, 0.0, -100, Reduction::Sum).item<double>();
-      Tensor chosen = ne(labels, -100.0);
-      targets += chosen.to(DType::Int64).sum().item<int64_t>();
-      correct += mul(chosen.to(DType::Int64), eq(argmax(logits, 1), labels).to(DType::Int64)).sum().item<int64_t>();
-    }
-    return Metrics{{"val_loss", "val MLM loss", loss / std::max<int64_t>(1, targets), 4, "", false},
-                   {"val_mlm_accuracy", "val masked-token accuracy", 100.0 * correct / std::max<int64_t>(1, targets), 2,
-                    "%", true}};
-  };
+  trainer.evaluate = [&](int64_t, int64_t) { return mlm_metrics(model, val, mask, o.batch); };
   const FitResult fit = trainer.fit(batches);
   TextResult r;
   r.steps = fit.steps, r.stopped = fit.stopped, r.interrupted = fit.interrupted, r.parameters = model.num_parameters();
@@ -333,50 +329,91 @@ Scores score(const std::function<Tensor(const Tensor&)>& logits_of, const std::v
 
 }  // namespace
 
+namespace {
+
+// The classifier a classify run trains: the MLM run's encoder (its config and weights; a fresh
+// classifier head), a fresh encoder, or the bag of words; with its checkpoint metadata and a line
+// saying which.
+struct Classifier {
+  std::shared_ptr<Bert> bert;
+  std::shared_ptr<BagOfWords> bow;
+  int64_t max_len = 0;  // the tokens per mail it reads: --max-len, at most the encoder's positions
+  std::string what;
+  std::map<std::string, std::string> metadata;
+  nn::Module& module() { return bert ? static_cast<nn::Module&>(*bert) : static_cast<nn::Module&>(*bow); }
+  Tensor logits(const Tensor& ids) const { return bert ? bert->classify(ids) : bow->forward(ids); }
+};
+
+Classifier make_classifier(const TextOptions& o, const std::optional<SavedModel>& init, const Subword& sp) {
+  Classifier c;
+  BertConfig cfg = init ? bert_config(*init) : BertConfig::named(o.config, sp.vocab_size() + 1);
+  if (init) TP_CHECK(cfg.vocab == sp.vocab_size() + 1, "{}: its vocabulary of {} does not match {}/spm.model's {} + [MASK]",
+                     init->path, cfg.vocab, o.init, sp.vocab_size());
+  if (!init) cfg.max_len = o.max_len;
+  c.max_len = std::min(o.max_len, cfg.max_len);
+  cfg.classes = 2, cfg.dropout = o.dropout;
+  if (o.model == "bow") {
+    c.bow = std::make_shared<BagOfWords>(sp.vocab_size() + 1, 2, Subword::kPad);
+    c.what = "bag-of-words logistic regression";
+    c.metadata = {{"task", "classify"}, {"model", "bow"}, {"vocab", std::to_string(c.bow->vocab)},
+                  {"max_len", std::to_string(c.max_len)}};
+    return c;
+  }
+  c.bert = std::make_shared<Bert>(cfg);
+  if (init) {
+    std::map<std::string, Tensor> state = init->file.as_map();
+    state.erase("classifier.weight"), state.erase("classifier.bias");  // the MLM run never trained it
+    c.bert->load_state_dict(state, false);
+  }
+  c.what = init ? fmt::format("the encoder of {} (fine-tuned)", o.init) : fmt::format("encoder {} from scratch", o.config);
+  c.metadata = bert_metadata(cfg, "classify", "bert", c.max_len);
+  return c;
+}
+
+// The run's figures; the final model's test scores and confusion matrix (written beside the
+// weights) when the run finished.
+TextResult classify_result(const FitResult& fit, Classifier& c, const Subword& sp, const Corpus& corpus,
+                           const std::string& out_dir) {
+  TextResult r;
+  r.steps = fit.steps, r.stopped = fit.stopped, r.interrupted = fit.interrupted, r.parameters = c.module().num_parameters();
+  if (fit.stopped || fit.interrupted || fit.last_metrics.empty() || !dist::is_main()) return r;
+  r.val_metric = metric(fit.last_metrics, "val_accuracy") / 100;
+  c.module().eval();
+  const auto test = encode_mails(sp, corpus.split.test, c.max_len);
+  Scores t = score([&](const Tensor& ids) { return c.logits(ids); }, test, corpus.split.test, 64);
+  r.test_accuracy = t.accuracy, r.test_spam_f1 = t.spam_f1, r.confusion = t.confusion;
+  const std::string table_text = fmt::format(
+      "true \\ predicted   ham  spam\nham              {:5d} {:5d}\nspam             {:5d} {:5d}\n", t.confusion[0][0],
+      t.confusion[0][1], t.confusion[1][0], t.confusion[1][1]);
+  if (!out_dir.empty()) write_file_atomic(out_dir + "/confusion.txt", table_text);
+  std::printf("test confusion matrix (%zu mails):\n%s", test.size(), table_text.c_str());
+  std::printf("final: test accuracy %.2f%%, spam F1 %.2f (%zu mails); val accuracy %.2f%%; %lld steps in %s\n",
+              100 * t.accuracy, 100 * t.spam_f1, test.size(), 100 * r.val_metric, (long long)r.steps,
+              clock_text(seconds_of(fit)).c_str());
+  std::fflush(stdout);
+  return r;
+}
+
+}  // namespace
+
 TextResult train_text_classifier(const TextOptions& options) {
   TextOptions o = options;
-  const OptionTable table = classify_options_table(o);
-  table.check();
-  TP_CHECK(o.min_lr <= o.lr, "train: --min-lr {} is above --lr {}", o.min_lr, o.lr);
-  TP_CHECK(o.init.empty() || o.model == "bert", "train: --init fine-tunes the encoder; --model bow starts from scratch");
-  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
+  RunSetup run(classify_options_table(o), o.trainer);
   std::optional<SavedModel> init;
   if (!o.init.empty())  // before the data are read or a folder made
     init = read_saved_model(o.init, {"mlm", "classify"}, "a text encoder", "tapestry train --task mlm");
-  TrainerOptions to = o.trainer;
   const Corpus corpus = read_corpus(o);
-  RunFolder folder(to.out_dir, to.resume, to.overwrite,
-                   {"spm.model", "spm.recipe", "config.toml", "confusion.txt"});
-  manual_seed(to.seed);
+  run.open({"spm.model", "spm.recipe", "confusion.txt"});
   const std::unique_ptr<Subword> sp = text_tokenizer(o, corpus);
-
-  // The model: the MLM run's encoder (its config and weights; a fresh classifier), a fresh one, or the bag of words.
-  std::shared_ptr<Bert> bert;
-  std::shared_ptr<BagOfWords> bow;
-  BertConfig cfg = init ? bert_config(*init) : BertConfig::named(o.config, sp->vocab_size() + 1);
-  if (init) TP_CHECK(cfg.vocab == sp->vocab_size() + 1, "{}: its vocabulary of {} does not match {}/spm.model's {} + [MASK]",
-                     init->path, cfg.vocab, o.init, sp->vocab_size());
-  if (!init) cfg.max_len = o.max_len;
-  const int64_t max_len = std::min(o.max_len, cfg.max_len);
-  cfg.classes = 2, cfg.dropout = o.dropout;
-  if (o.model == "bert") {
-    bert = std::make_shared<Bert>(cfg);
-    if (init) {
-      std::map<std::string, Tensor> state = init->file.as_map();
-      state.erase("classifier.weight"), state.erase("classifier.bias");  // the MLM run never trained it
-      bert->load_state_dict(state, false);
-    }
-  } else {
-    bow = std::make_shared<BagOfWords>(sp->vocab_size() + 1, 2, Subword::kPad);
-  }
-  nn::Module& model = bert ? static_cast<nn::Module&>(*bert) : static_cast<nn::Module&>(*bow);
-  model.to(training_device(o.device));
-  auto logits_of = [&](const Tensor& ids) { return bert ? bert->classify(ids) : bow->forward(ids); };
-  const auto train = encode_mails(*sp, corpus.split.train, max_len), val = encode_mails(*sp, corpus.split.val, max_len);
-  const std::unique_ptr<optim::AdamW> adamw = text_adamw(model, o);
+  Classifier c = make_classifier(o, init, *sp);
+  nn::Module& model = c.module();
+  model.to(training_device(o.trainer.device));
+  auto logits_of = [&c](const Tensor& ids) { return c.logits(ids); };
+  const auto train = encode_mails(*sp, corpus.split.train, c.max_len), val = encode_mails(*sp, corpus.split.val, c.max_len);
+  const std::unique_ptr<optim::AdamW> adamw = text_adamw(model, o.adamw);
   std::vector<int64_t> train_labels;
   for (const Mail& m : corpus.split.train) train_labels.push_back(m.label);
-  MailBatches batches(static_cast<int64_t>(train.size()), o.batch, to.seed,
+  MailBatches batches(static_cast<int64_t>(train.size()), o.batch, o.trainer.seed,
                       [&](const std::vector<int64_t>& rows, Generator&) {
                         std::vector<int64_t> y;
                         for (int64_t r : rows) y.push_back(train_labels[static_cast<size_t>(r)]);
@@ -386,25 +423,15 @@ TextResult train_text_classifier(const TextOptions& options) {
                                             return cross_entropy(logits, labels.to(logits.device()));
                                           }};
                       });
-  const int64_t steps_per_epoch = batches.plan(1), total = steps_per_epoch * to.epochs;
-  optim::CosineSchedule schedule(o.lr, std::min(o.warmup, total), total, o.min_lr);
-  const std::string what = bow ? "bag-of-words logistic regression"
-                         : init ? fmt::format("the encoder of {} (fine-tuned)", o.init)
-                                : fmt::format("encoder {} from scratch", o.config);
+  const int64_t steps_per_epoch = batches.plan(1);
+  const optim::CosineSchedule schedule = o.adamw.schedule(steps_per_epoch * o.trainer.epochs);
   std::printf("train: ham/spam with %s (%lld parameters) on %s: %zu train, %zu val mails, max_len %lld, batch %lld, "
               "%lld epochs of %lld steps, AdamW lr %.2e\n",
-              what.c_str(), (long long)model.num_parameters(), corpus.dir.c_str(), train.size(), val.size(),
-              (long long)max_len, (long long)o.batch, (long long)to.epochs, (long long)steps_per_epoch, o.lr);
+              c.what.c_str(), (long long)model.num_parameters(), corpus.dir.c_str(), train.size(), val.size(),
+              (long long)c.max_len, (long long)o.batch, (long long)o.trainer.epochs, (long long)steps_per_epoch, o.adamw.lr);
   std::fflush(stdout);
-  to.recipe = table.recipe();
-  to.recipe.insert({{"task", "classify"}, {"data", corpus.dir}});
-  to.run_files = {{"config.toml", table.to_toml()}};
+  TrainerOptions& to = run.record({{"task", "classify"}, {"data", corpus.dir}}, c.metadata, "ham/spam: " + c.what);
   to.rate_unit = "mail";
-  to.model_metadata = bert ? bert_metadata(cfg, "classify", "bert", max_len)
-                           : std::map<std::string, std::string>{{"task", "classify"}, {"model", "bow"},
-                                                                {"vocab", std::to_string(bow->vocab)},
-                                                                {"max_len", std::to_string(max_len)}};
-  to.curves_title = fmt::format("ham/spam: {}", what);
 
   Trainer trainer(model, *adamw, &schedule, to);
   trainer.evaluate = [&](int64_t, int64_t) {
@@ -412,27 +439,7 @@ TextResult train_text_classifier(const TextOptions& options) {
     return Metrics{{"val_accuracy", "val accuracy", 100 * s.accuracy, 2, "%", true},
                    {"val_spam_f1", "val spam F1", 100 * s.spam_f1, 2, "", true}};
   };
-  const FitResult fit = trainer.fit(batches);
-  TextResult r;
-  r.steps = fit.steps, r.stopped = fit.stopped, r.interrupted = fit.interrupted, r.parameters = model.num_parameters();
-  if (fit.stopped || fit.interrupted || fit.last_metrics.empty() || !dist::is_main()) return r;
-  r.val_metric = metric(fit.last_metrics, "val_accuracy") / 100;
-
-  // The test mails, once, with the final model.
-  model.eval();
-  const auto test = encode_mails(*sp, corpus.split.test, max_len);
-  Scores t = score(logits_of, test, corpus.split.test, 64);
-  r.test_accuracy = t.accuracy, r.test_spam_f1 = t.spam_f1, r.confusion = t.confusion;
-  const std::string table_text = fmt::format(
-      "true \\ predicted   ham  spam\nham              {:5d} {:5d}\nspam             {:5d} {:5d}\n", t.confusion[0][0],
-      t.confusion[0][1], t.confusion[1][0], t.confusion[1][1]);
-  if (!to.out_dir.empty()) write_file_atomic(to.out_dir + "/confusion.txt", table_text);
-  std::printf("test confusion matrix (%zu mails):\n%s", test.size(), table_text.c_str());
-  std::printf("final: test accuracy %.2f%%, spam F1 %.2f (%zu mails); val accuracy %.2f%%; %lld steps in %s\n",
-              100 * t.accuracy, 100 * t.spam_f1, test.size(), 100 * r.val_metric, (long long)r.steps,
-              clock_text(seconds_of(fit)).c_str());
-  std::fflush(stdout);
-  return r;
+  return classify_result(trainer.fit(batches), c, *sp, corpus, to.out_dir);
 }
 
 std::vector<double> TextClassifier::spam_probability(const std::vector<std::string>& texts) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "apps/data/subword.h"
+#include "apps/train/run_setup.h"
 #include "apps/train/trainer.h"
 #include "tapestry/models/bert.h"
 
@@ -38,12 +39,10 @@ struct TextOptions {
   int64_t vocab_size = 8000;    // SentencePiece pieces (from scratch)
   int64_t max_len = 256;        // tokens per mail, [CLS] and [SEP] included
   int64_t batch = 32;
-  double lr = 5e-4, min_lr = 1e-5, weight_decay = 0.01, dropout = 0.1;
-  int64_t warmup = 100;
+  AdamWCosine adamw = {100, 5e-4, 1e-5, 0.01};  // warmup steps, lr, min-lr, weight decay
+  double dropout = 0.1;
   double mask_prob = 0.15;      // mlm: the share of tokens chosen
   int64_t limit = 0;            // train on the first N training mails only (0: all)
-  int64_t threads = 0;
-  std::string device = "cpu";
 };
 
 // The option tables of the two tasks ("mlm", "classify"); each sets its own default --out.

@@ -1,7 +1,6 @@
 // The translation training loop (see translation.h).
 #include "apps/tasks/translation.h"
 
-#include "apps/tasks/task.h"
 #include <unistd.h>
 
 #include <chrono>
@@ -13,6 +12,7 @@
 #include "apps/eval/bleu.h"
 #include "apps/data/parallel_corpus.h"
 #include "apps/tasks/paper_transformer.h"
+#include "apps/tasks/task.h"
 #include "apps/train/run_dir.h"
 #include "apps/train/trainer.h"
 #include "apps/data/subword.h"
@@ -127,9 +127,7 @@ OptionTable options_table(TranslationOptions& o) {
   t.add("eval-limit", o.eval_limit, "score only the first N val/test sentences (0: all)").at_least(0);
   t.add("beam", o.beam, "beam size for the test set (1: greedy)").positive();
   t.add("alpha", o.alpha, "length penalty for the test set").at_least(0);
-  t.take_all(trainer, {"save-every", "keep", "average"});
-  t.add_process_rows(o.threads, o.device);
-  t.take_all(trainer, kRunControlFlags);
+  add_run_rows(t, trainer, {"keep", "average"});
   t.add("detect-anomaly", o.detect_anomaly, "name the first op whose forward or backward gives NaN/inf (slow)")
       .this_run_only();
   return t;
@@ -211,63 +209,73 @@ void score_final_model(Transformer& model, const Subword& sp, const TranslationO
 
 }  // namespace
 
-TranslationResult train_translation(const TranslationOptions& options) {
-  TranslationOptions o = options;
-  if (o.data_dir.empty()) o.data_dir = default_data_dir();
-  const OptionTable table = options_table(o);
-  table.check();  // before the data are read, as the flags would be
-  if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
-  TrainerOptions to = o.trainer;
-  const std::string& dir = o.data_dir;
-  const std::string config_toml = table.to_toml();  // refuses text TOML cannot hold, before anything is written
-  ParallelCorpus train = load_parallel(dir, o.train_split, o.src_lang, o.tgt_lang);
-  ParallelCorpus val = load_parallel(dir, o.val_split, o.src_lang, o.tgt_lang);
-  ParallelCorpus test = load_parallel(dir, o.test_split, o.src_lang, o.tgt_lang);
-  RunFolder folder(to.out_dir, to.resume, to.overwrite, {"spm.model", "spm.recipe", "config.toml"});
-  std::printf("config (saved as %s/config.toml):\n%s", to.out_dir.c_str(), config_toml.c_str());
-  manual_seed(to.seed);
-  AnomalyGuard anomaly(o.detect_anomaly);
+namespace {
 
-  // Joint subword model on both sides of the (possibly limited) training text.
-  const std::string spm_path = Subword::train_in_folder(to.out_dir, o.vocab_size, o.limit, to.seed, dir, [&] {
+struct Splits {
+  ParallelCorpus train, val, test;
+};
+
+Splits read_splits(const TranslationOptions& o) {
+  return {load_parallel(o.data_dir, o.train_split, o.src_lang, o.tgt_lang),
+          load_parallel(o.data_dir, o.val_split, o.src_lang, o.tgt_lang),
+          load_parallel(o.data_dir, o.test_split, o.src_lang, o.tgt_lang)};
+}
+
+// The joint subword model of both sides of the (possibly limited) training text, trained into the
+// run folder (or the one it holds, when its recipe matches): its path.
+std::string joint_subwords(const TranslationOptions& o, const ParallelCorpus& train) {
+  return Subword::train_in_folder(o.trainer.out_dir, o.vocab_size, o.limit, o.trainer.seed, o.data_dir, [&] {
     std::vector<std::string> text;
     size_t n = o.limit > 0 ? std::min<size_t>(train.src.size(), static_cast<size_t>(o.limit)) : train.src.size();
     text.insert(text.end(), train.src.begin(), train.src.begin() + n);
     text.insert(text.end(), train.tgt.begin(), train.tgt.begin() + n);
     return text;
   });
-  Subword sp(spm_path);
-  const int64_t V = sp.vocab_size();
-  Encoded tr = encode(sp, train, o.limit, o.max_tokens), va = encode(sp, val, o.eval_limit, o.max_tokens);
-  encode(sp, test, o.eval_limit, o.max_tokens);  // only checked: the test set is decoded at the end
-  TokenBatcher train_batches(tr.src, tr.tgt, o.max_tokens, Subword::kPad, Subword::kBos, Subword::kEos);
-  TokenBatcher val_batches(va.src, va.tgt, o.max_tokens, Subword::kPad, Subword::kBos, Subword::kEos);
+}
 
-  TransformerConfig cfg = TransformerConfig::named(o.config, V, V);
+TransformerConfig translation_config(const TranslationOptions& o, int64_t vocab) {
+  TransformerConfig cfg = TransformerConfig::named(o.config, vocab, vocab);
   cfg.share_embeddings = true;
   cfg.dropout = o.dropout;
   cfg.pad_id = Subword::kPad;
   cfg.pre_norm = o.pre_norm;
-  PaperTransformer paper(cfg, training_device(o.device), o.warmup, o.lr_factor);
+  return cfg;
+}
+
+}  // namespace
+
+TranslationResult train_translation(const TranslationOptions& options) {
+  TranslationOptions o = options;
+  if (o.data_dir.empty()) o.data_dir = default_data_dir();
+  RunSetup run(options_table(o), o.trainer);
+  const Splits text = read_splits(o);
+  run.open({"spm.model", "spm.recipe"});
+  std::printf("config (saved as %s/config.toml):\n%s", o.trainer.out_dir.c_str(), run.config_toml().c_str());
+  AnomalyGuard anomaly(o.detect_anomaly);
+  Subword sp(joint_subwords(o, text.train));
+  const int64_t V = sp.vocab_size();
+  Encoded tr = encode(sp, text.train, o.limit, o.max_tokens), va = encode(sp, text.val, o.eval_limit, o.max_tokens);
+  encode(sp, text.test, o.eval_limit, o.max_tokens);  // only checked: the test set is decoded at the end
+  TokenBatcher train_batches(tr.src, tr.tgt, o.max_tokens, Subword::kPad, Subword::kBos, Subword::kEos);
+  TokenBatcher val_batches(va.src, va.tgt, o.max_tokens, Subword::kPad, Subword::kBos, Subword::kEos);
+
+  PaperTransformer paper(translation_config(o, V), training_device(o.trainer.device), o.warmup, o.lr_factor);
   Transformer& model = paper.model;
   std::printf("train: %s %s-%s, %zu training pairs, vocabulary %lld (joint SentencePiece), config %s (%lld "
               "parameters, %s-norm), batches of <= %lld tokens x %lld, %lld epochs, Noam warmup %lld x %.2f\n",
-              dir.c_str(), o.src_lang.c_str(), o.tgt_lang.c_str(), tr.src.size(), (long long)V, o.config.c_str(),
+              o.data_dir.c_str(), o.src_lang.c_str(), o.tgt_lang.c_str(), tr.src.size(), (long long)V, o.config.c_str(),
               (long long)model.num_parameters(), o.pre_norm ? "pre" : "post", (long long)o.max_tokens,
-              (long long)to.accumulate, (long long)to.epochs, (long long)o.warmup,
-              o.lr_factor);
+              (long long)o.trainer.accumulate, (long long)o.trainer.epochs, (long long)o.warmup, o.lr_factor);
   std::fflush(stdout);
   const auto run_start = std::chrono::steady_clock::now();
 
   // What resume must find unchanged: the model and everything that decides the batch plan.
-  to.recipe = table.recipe();
-  to.recipe["vocab_size"] = std::to_string(V);
+  TrainerOptions& to = run.record({{"vocab_size", std::to_string(V)}},
+                                  {{"config", o.config}, {"pre_norm", o.pre_norm ? "1" : "0"}},
+                                  fmt::format("{}-{} {} on {}", o.src_lang, o.tgt_lang, o.config, o.data_dir));
   to.recipe_defaults = {{"pre_norm", "0"}};  // checkpoints from before pre-norm existed hold post-norm models
-  to.model_metadata = {{"config", o.config}, {"pre_norm", o.pre_norm ? "1" : "0"}};
-  to.run_files = {{"config.toml", config_toml}};
-  to.curves_title = fmt::format("{}-{} {} on {}", o.src_lang, o.tgt_lang, o.config, dir);
   Trainer trainer(model, paper.adam, &paper.schedule, to);
-  const auto val_src = head(val.src, o.eval_limit), val_ref = head(val.tgt, o.eval_limit);
+  const auto val_src = head(text.val.src, o.eval_limit), val_ref = head(text.val.tgt, o.eval_limit);
   trainer.evaluate = [&](int64_t, int64_t) {
     Metric loss{"val_loss", "val loss", evaluate_loss(model, val_batches, o.label_smoothing), 3, "", false};
     Metric bleu{"val_bleu", "val BLEU", corpus_bleu(translate_all(model, sp, val_src, 1, o.alpha), val_ref).score, 2,
@@ -280,7 +288,7 @@ TranslationResult train_translation(const TranslationOptions& options) {
   TranslationResult result = translation_result(fit);
   // Under mpirun rank 0 evaluated, saved and reports; the other ranks' part ends with training.
   if (!dist::is_main() || fit.stopped || fit.interrupted) return result;
-  score_final_model(model, sp, o, val, test, result);
+  score_final_model(model, sp, o, text.val, text.test, result);
   std::printf("total time %s\n", clock_text(seconds_since(run_start)).c_str());
   return result;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "apps/data/subword.h"
+#include "apps/train/run_setup.h"
 #include "apps/train/trainer.h"
 #include "tapestry/models/transformer.h"
 #include "tapestry/ops/tensor.h"
@@ -42,8 +43,6 @@ struct TranslationOptions {
   double alpha = 1.0;  // tuned on val (docs/training.md "Tuning the recipe"); the paper's is 0.6
   bool detect_anomaly = false;  // name the first op whose forward gives NaN or whose backward gives NaN/inf
   bool pre_norm = false;     // pre-norm layers (x + Sublayer(LayerNorm(x))) instead of the paper's post-norm
-  int64_t threads = 0;       // 0: all cores
-  std::string device = "cpu";  // where the model trains: cpu, cuda or cuda:N (a -DTAPESTRY_CUDA=ON build)
 };
 
 // `tapestry train --quick` (docs/training.md: "Multi30k"): the defaults of a run that shows

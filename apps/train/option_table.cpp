@@ -169,12 +169,6 @@ void OptionTable::take_all(const OptionTable& from, const std::vector<std::strin
   for (const std::string& flag : flags) take(from, flag);
 }
 
-void OptionTable::add_process_rows(int64_t& threads, std::string& device) {
-  add("threads", threads, "threads (0: all cores)").at_least(0);
-  add("device", device, "cpu, cuda, cuda:N (a GPU needs a -DTAPESTRY_CUDA=ON build) or emulated (the test device)")
-      .check(device_problem);
-}
-
 OptionRow* OptionTable::find(const std::string& flag) {
   auto it = std::find_if(rows_.begin(), rows_.end(), [&](const OptionRow& r) { return r.flag == flag; });
   return it == rows_.end() ? nullptr : &*it;
@@ -188,6 +182,8 @@ OptionRow& OptionTable::row(const std::string& flag) {
 
 void OptionTable::check() const {
   for (const OptionRow& r : rows_) r.check_value();
+  for (const auto& c : checks_)
+    if (std::string problem = c(); !problem.empty()) throw Error("train: " + problem);
 }
 
 std::string OptionTable::to_toml() const {

@@ -70,14 +70,16 @@ class OptionTable {
   // A row of `from` (a task taking one of the Trainer's), or those named, in that order.
   OptionRow& take(const OptionTable& from, const std::string& flag);
   void take_all(const OptionTable& from, const std::vector<std::string>& flags);
-  // The two rows every task has: --threads and --device.
-  void add_process_rows(int64_t& threads, std::string& device);
+  // A check across rows (--min-lr against --lr): returns the problem, or "". check() runs it
+  // after the rows' own.
+  void add_check(std::function<std::string()> check) { checks_.push_back(std::move(check)); }
 
   const std::vector<OptionRow>& rows() const { return rows_; }
   OptionRow* find(const std::string& flag);  // null when the task has no such option
   OptionRow& row(const std::string& flag);   // throws when absent
 
-  // Every field's value is one its row takes (what a library caller set is checked as a flag is).
+  // Every field's value is one its row takes (what a library caller set is checked as a flag is),
+  // then the checks across rows; throws a tapestry::Error naming the flag.
   void check() const;
   // The saved rows as `flag = value` lines, after `task = "..."`, readable by --config-file.
   // Throws when a text value cannot be written as TOML (CLI11's reader unescapes nothing).
@@ -88,6 +90,7 @@ class OptionTable {
  private:
   std::string task_;
   std::vector<OptionRow> rows_;
+  std::vector<std::function<std::string()>> checks_;
 };
 
 // The problem with a device name ("" when it is usable here): cpu, emulated (the test device),

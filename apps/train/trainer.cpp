@@ -81,6 +81,9 @@ OptionTable trainer_options(TrainerOptions& o) {
   t.add("keep", o.keep, "keep the last K epoch checkpoints").positive();
   t.add("average", o.average, "average the last N epoch checkpoints into the model at the end (0, 1: none)").at_least(0);
   t.add("seed", o.seed, "random seed (initialization, batch order, dropout)");
+  t.add("threads", o.threads, "threads (0: all cores)").at_least(0);
+  t.add("device", o.device, "cpu, cuda, cuda:N (a GPU needs a -DTAPESTRY_CUDA=ON build) or emulated (the test device)")
+      .check(device_problem);
   return t;
 }
 

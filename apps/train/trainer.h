@@ -74,6 +74,10 @@ using Metrics = std::vector<Metric>;
 double metric(const Metrics& metrics, const std::string& key);
 
 struct TrainerOptions {
+  // The process: its threads (0: all cores; the run's set-up sets them) and the device the task
+  // places its model on (cpu, cuda, cuda:N, emulated: training_device).
+  int64_t threads = 0;
+  std::string device = "cpu";
   int64_t epochs = 1;
   int64_t accumulate = 1;       // batches per optimizer step, their gradients summed token-weighted
   double clip_norm = 0;         // clip the global gradient norm to this before each step (0: none)

@@ -10,7 +10,8 @@ set -euo pipefail
 bin="$1"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-fail() { echo "image_cli: FAIL: $*"; exit 1; }
+name=image_cli
+source "$(dirname "$0")/cli_helpers.sh"
 
 # An IDX file of unsigned bytes: idx DIMS... > file (values: 0, 1, 2, ... mod 256).
 idx() {
@@ -32,16 +33,8 @@ make_test() {  # make_test NAME IMAGES SIZE: the test split (t10k files) of SIZE
   idx "$2" "$3" "$3" > "$tmp/$1/t10k-images-idx3-ubyte"
   idx "$2" > "$tmp/$1/t10k-labels-idx1-ubyte"
 }
-expect_error() {  # expect_error NAME PATTERN [FLAGS...]
-  set +e
-  "$bin" train --task image --data "$tmp/$1" --out "$tmp/run_$1" --no-progress "${@:3}" > "$tmp/out" 2> "$tmp/err"
-  local rc=$?
-  set -e
-  [ "$rc" -eq 1 ] || fail "$1: exit status $rc, expected 1 ($(cat "$tmp/err"))"
-  [ "$(wc -l < "$tmp/err")" -eq 1 ] || fail "$1: expected one line on stderr, got: $(cat "$tmp/err")"
-  grep -q -- "$2" "$tmp/err" || fail "$1: stderr does not match '$2': $(cat "$tmp/err")"
-  [ ! -e "$tmp/run_$1" ] || fail "$1: a run folder was written"
-  echo "image_cli: $1: $(cat "$tmp/err")"
+expect_error() {  # expect_error NAME PATTERN [FLAGS...]: --task image on the folder NAME
+  expect_refused "$1" "$2" --task image --data "$tmp/$1" "${@:3}"
 }
 
 make_dir magic 10 10

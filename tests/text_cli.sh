@@ -10,28 +10,16 @@ set -euo pipefail
 bin="$1"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-fail() { echo "text_cli: FAIL: $*"; exit 1; }
-expect_error() {  # expect_error NAME PATTERN ARGS...
-  local name="$1" pattern="$2"
-  shift 2
-  set +e
-  "$bin" train "$@" --out "$tmp/run_$name" --no-progress > "$tmp/out" 2> "$tmp/err"
-  local rc=$?
-  set -e
-  [ "$rc" -eq 1 ] || fail "$name: exit status $rc, expected 1 ($(cat "$tmp/err"))"
-  [ "$(wc -l < "$tmp/err")" -eq 1 ] || fail "$name: expected one line on stderr, got: $(cat "$tmp/err")"
-  grep -q -- "$pattern" "$tmp/err" || fail "$name: stderr does not match '$pattern': $(cat "$tmp/err")"
-  [ ! -e "$tmp/run_$name" ] || fail "$name: a run folder was written"
-  echo "text_cli: $name: $(cat "$tmp/err")"
-}
+name=text_cli
+source "$(dirname "$0")/cli_helpers.sh"
 
 mkdir -p "$tmp/nolabel/spam-1" "$tmp/notjson/spam-1"
 echo '{"id": "00001", "group": "spam-1", "text": "Subject: hi\n\nbuy now"}' > "$tmp/nolabel/spam-1/00001.json"
 echo '{"id": "00002", "text": "Subject: hello\n\nno group here"}' > "$tmp/nolabel/spam-1/00002.json"
-expect_error nolabel 'nolabel/spam-1/00002.json: record 00002 has no "group" (its label)' --task classify --data "$tmp/nolabel"
+expect_refused nolabel 'nolabel/spam-1/00002.json: record 00002 has no "group" (its label)' --task classify --data "$tmp/nolabel"
 echo 'not json' > "$tmp/notjson/spam-1/00003.json"
-expect_error notjson 'notjson/spam-1/00003.json: not a JSON mail record' --task mlm --data "$tmp/notjson"
-expect_error missing 'no such folder' --task classify --data "$tmp/nothing"
+expect_refused notjson 'notjson/spam-1/00003.json: not a JSON mail record' --task mlm --data "$tmp/notjson"
+expect_refused missing 'no such folder' --task classify --data "$tmp/nothing"
 
 data="${TAPESTRY_SPAM_DIR:-$HOME/.cache/tapestry/spam-assassin}"
 [ -d "$data/spam-2" ] || fail "no mail corpus in $data (tools/get-spam.sh fetches it)"

@@ -329,6 +329,24 @@ LMResult lm_result(const FitResult& fit, const CausalLM& model, const Stream& tr
 }
 
 
+// Val loss, bits per byte and perplexity over the val stream.
+Metrics lm_metrics(CausalLM& model, const Stream& val, const LMOptions& o) {
+  const double loss = stream_loss(model, val.ids, o.block, o.batch);
+  const double bpb = loss * static_cast<double>(val.ids.size() - 1) / std::log(2.0) / static_cast<double>(val.bytes);
+  return Metrics{{"val_loss", "val loss", loss, 4, "", false},
+                 {"val_bpb", "val bits/byte", bpb, 4, "", false},
+                 {"val_ppl", "val perplexity", std::exp(loss), 2, "", true}};
+}
+
+// --merge: from the model in memory, which holds what adapter.safetensors does (no base loaded again).
+void merge_in_memory(const CausalLM& model, const LMTokenizer& tok, const LMOptions& o) {
+  const std::string merged_dir = o.trainer.out_dir + "/merged";
+  const int64_t n = write_merged(model, tok, o.base, merged_dir);
+  std::printf("merged: the base with the adapters added in (%lld parameters) in %s; `tapestry generate %s %s`\n",
+              (long long)n, merged_dir.c_str(), is_hf_dir(o.base) ? "--hf" : "--checkpoint", merged_dir.c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 LMResult train_language_model(const LMOptions& options) {
@@ -375,23 +393,10 @@ LMResult train_language_model(const LMOptions& options) {
   to.trainable_only = o.lora_rank > 0;
   const auto start = std::chrono::steady_clock::now();
   Trainer trainer(model, *adamw, &schedule, to);
-  trainer.evaluate = [&](int64_t, int64_t) {
-    const double loss = stream_loss(model, s.val.ids, o.block, o.batch);
-    const double bpb = loss * static_cast<double>(s.val.ids.size() - 1) / std::log(2.0) / static_cast<double>(s.val.bytes);
-    return Metrics{{"val_loss", "val loss", loss, 4, "", false},
-                   {"val_bpb", "val bits/byte", bpb, 4, "", false},
-                   {"val_ppl", "val perplexity", std::exp(loss), 2, "", true}};
-  };
+  trainer.evaluate = [&](int64_t, int64_t) { return lm_metrics(model, s.val, o); };
   const FitResult fit = trainer.fit(data);
   LMResult result = lm_result(fit, model, s.train, s.val, seconds_since(start));
-  if (o.merge && !fit.stopped && !fit.interrupted && dist::is_main()) {
-    // From the model in memory, which holds what adapter.safetensors does (no base loaded again).
-    const std::string merged_dir = to.out_dir + "/merged";
-    const int64_t n = write_merged(model, *tok, o.base, merged_dir);
-    std::printf("merged: the base with the adapters added in (%lld parameters) in %s; `tapestry generate %s %s`\n",
-                (long long)n, merged_dir.c_str(), is_hf_dir(o.base) ? "--hf" : "--checkpoint", merged_dir.c_str());
-    std::fflush(stdout);
-  }
+  if (o.merge && !fit.stopped && !fit.interrupted && dist::is_main()) merge_in_memory(model, *tok, o);
   return result;
 }
 

@@ -478,22 +478,25 @@ TextClassifier load_text_classifier(const std::string& dir) {
   return c;
 }
 
-Task mlm_task() {
+namespace {
+
+Task text_task(std::string name, std::string summary, TextOptions (*defaults)(), OptionTable (*table)(TextOptions&),
+               TextResult (*train)(const TextOptions&)) {
   TaskSpec<TextOptions> t;
-  t.name = "mlm", t.summary = "masked-LM pre-training of the text encoder on the mail corpus";
-  t.defaults = default_mlm_options;
-  t.table = mlm_options_table;
-  t.run = [](const TextOptions& o) { return exit_status(train_mlm(o).interrupted); };
+  t.name = std::move(name), t.summary = std::move(summary), t.defaults = defaults, t.table = table;
+  t.run = [train](const TextOptions& o) { return exit_status(train(o).interrupted); };
   return make_task(std::move(t));
 }
 
+}  // namespace
+
+Task mlm_task() {
+  return text_task("mlm", "masked-LM pre-training of the text encoder on the mail corpus", default_mlm_options,
+                   mlm_options_table, train_mlm);
+}
+
 Task classify_task() {
-  TaskSpec<TextOptions> t;
-  t.name = "classify", t.summary = "ham/spam";
-  t.defaults = default_classify_options;
-  t.table = classify_options_table;
-  t.run = [](const TextOptions& o) { return exit_status(train_text_classifier(o).interrupted); };
-  return make_task(std::move(t));
+  return text_task("classify", "ham/spam", default_classify_options, classify_options_table, train_text_classifier);
 }
 
 }  // namespace tapestry::apps

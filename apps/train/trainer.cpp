@@ -76,6 +76,9 @@ OptionTable trainer_options(TrainerOptions& o) {
   t.add("reshard", o.reshard, "with --resume under mpirun: accept a checkpoint written by a different number of "
         "processes (same global batches; dropout masks differ, so not bit-exact)").this_run_only();
   t.add("save-every", o.save_every, "also checkpoint every N steps (0: after each epoch only)").at_least(0);
+  t.add("on-time-limit", o.on_time_limit, "with --time-limit: plan (after each epoch, end at the last whole epoch "
+        "that fits, the learning rate decaying linearly to zero over the last --average epochs of that plan, at least "
+        "2) or cut (train until the limit, ending the epoch there)").one_of({"plan", "cut"}).this_run_only();
   t.add("time-limit", o.time_limit, "end training after this many seconds (0: none); the epoch then ends there, "
         "evaluated and saved").at_least(0).this_run_only();
   t.add("keep", o.keep, "keep the last K epoch checkpoints").positive();
@@ -148,7 +151,10 @@ StepResult Trainer::step(const std::vector<TrainBatch>& group) {
   r.tokens = dist::allreduce(local_tokens);  // the whole group's, over the ranks (tokens are known before any loss)
   TP_CHECK(r.tokens > 0, "train: step {} has no tokens on any of the {} ranks", step_ + 1, dist::world_size());
   ++step_;
-  if (schedule_) schedule_->apply(optimizer_, step_);
+  if (schedule_) {
+    schedule_->apply(optimizer_, step_);
+    if (lr_scale_ != 1.0) optimizer_.set_lr(optimizer_.lr() * lr_scale_);  // the deadline's cooldown
+  }
   double& loss_sum = r.loss_sum;
   reseed_dropout_for_rank();
   // Each batch's mean loss is weighted by its share of the group's tokens (all ranks'), so the
@@ -248,7 +254,10 @@ FitResult Trainer::fit(DataSource& data) {
       }
   }
   double train_seconds = 0;  // the epochs' training, without their evaluations
-  for (int64_t epoch = start.epoch; epoch <= o_.epochs; ++epoch) {
+  planned_epochs_ = o_.epochs;
+  epoch_seconds_.clear();
+  for (int64_t epoch = start.epoch; epoch <= planned_epochs_; ++epoch) {
+    const double epoch_start = seconds_since(run_start_);
     EpochRecord rec;
     if (!run_epoch(data, epoch, start, rec, result)) return result;  // stopped inside the epoch
     train_seconds += rec.seconds;
@@ -267,6 +276,7 @@ FitResult Trainer::fit(DataSource& data) {
       break;
     }
     if (result.out_of_time) break;
+    if (o_.time_limit > 0 && o_.on_time_limit == "plan") plan_to_deadline(epoch, seconds_since(run_start_) - epoch_start);
   }
   result.steps = step_;
   if (dist::world_size() > 1 && reducer_ && step_ > start_step)
@@ -295,6 +305,7 @@ bool Trainer::run_epoch(DataSource& data, int64_t epoch, const ResumePoint& star
   model_.train();
   for (int64_t i = first_batch; i < batches;) {
     const int64_t before = i, end = std::min(batches, i + o_.accumulate);
+    lr_scale_ = deadline_lr_scale(epoch, i, batches, planned_epochs_, o_.epochs, std::max<int64_t>(2, o_.average));
     std::vector<TrainBatch> group;
     for (int64_t j = i; j < end; ++j) group.push_back(data.batch(j));
     i = end;
@@ -347,6 +358,57 @@ bool Trainer::run_epoch(DataSource& data, int64_t epoch, const ResumePoint& star
   rec.train_loss = loss_sum / static_cast<double>(std::max<int64_t>(tokens, 1));
   rec.tokens_per_s = static_cast<double>(tokens - first_tokens) / rec.seconds;
   return true;
+}
+
+// Note [Planning to the deadline]: a run with a time limit (tools/train.sh gives one: the hour
+// less set-up, build and the final tests) on a host too slow for its recipe used to be cut where
+// the limit fell, in the middle of an epoch and at the learning rate of the middle of the
+// schedule. Budgeted training does better when the schedule reaches its end at the budget
+// (Li, Yumer and Ramanan, ICLR 2020). So, after each epoch, the run measures what an epoch costs
+// here (training, evaluation and checkpoints), plans to end at the last whole epoch the time left
+// fits, and over the last epochs of that plan (the ones averaged at the end) multiplies the
+// schedule's learning rate by a ramp falling linearly to zero. When the recipe's epochs fit, the
+// run is the recipe's, to the bit. The plan is made again after every epoch (a host that slows
+// down ends earlier), never later than the recipe's end, and not later than it was once its
+// cooldown began (the learning rate only falls). Under N ranks every rank takes the earliest
+// plan. A resumed session plans again after its first epoch. If an epoch still overruns, the
+// limit cuts it as before.
+int64_t epochs_that_fit(double seconds_left, const std::vector<double>& epoch_seconds, int64_t done, int64_t max_epochs) {
+  if (epoch_seconds.empty()) return max_epochs;
+  double per_epoch = epoch_seconds.back();
+  if (epoch_seconds.size() >= 2) per_epoch = std::max(per_epoch, epoch_seconds[epoch_seconds.size() - 2]);
+  const double more = per_epoch > 0 ? std::floor(std::max(0.0, seconds_left) / per_epoch) : 1e9;
+  return std::clamp<int64_t>(done + static_cast<int64_t>(std::min(more, 1e9)), done, std::max(done, max_epochs));
+}
+
+double deadline_lr_scale(int64_t epoch, int64_t batch, int64_t batches, int64_t planned, int64_t epochs, int64_t window) {
+  if (planned >= epochs || window <= 0) return 1.0;
+  const int64_t first = planned - window + 1;  // the window's first epoch
+  if (epoch < first) return 1.0;
+  const double into = static_cast<double>(epoch - first) + static_cast<double>(batch) / static_cast<double>(std::max<int64_t>(batches, 1));
+  return std::clamp(1.0 - into / static_cast<double>(window), 0.0, 1.0);
+}
+
+void Trainer::plan_to_deadline(int64_t epoch, double seconds) {
+  epoch_seconds_.push_back(seconds);
+  int64_t plan = epochs_that_fit(o_.time_limit - seconds_since(run_start_), epoch_seconds_, epoch, o_.epochs);
+  const int64_t window = std::max<int64_t>(2, o_.average);
+  const bool cooling = planned_epochs_ < o_.epochs && epoch >= planned_epochs_ - window;
+  if (cooling) plan = std::min(plan, planned_epochs_);  // once the ramp began, its end only comes earlier
+  plan = static_cast<int64_t>(dist::allreduce(static_cast<double>(-plan), dist::ReduceOp::Max) * -1.0);  // the earliest
+  if (plan == planned_epochs_) return;
+  planned_epochs_ = plan;
+  if (!dist::is_main()) return;
+  if (plan <= epoch) {
+    std::printf("train: the time limit of %s leaves no time for another epoch (%s each): the run ends with epoch %lld\n",
+                clock_text(o_.time_limit).c_str(), clock_text(seconds).c_str(), (long long)epoch);
+  } else {
+    std::printf("train: the time limit of %s fits %lld of the %lld epochs (%s an epoch here): the run ends with epoch "
+                "%lld, its learning rate falling to zero over epochs %lld-%lld\n",
+                clock_text(o_.time_limit).c_str(), (long long)plan, (long long)o_.epochs, clock_text(seconds).c_str(),
+                (long long)plan, (long long)std::max<int64_t>(1, plan - window + 1), (long long)plan);
+  }
+  std::fflush(stdout);
 }
 
 // After a signal and its checkpoint: a line saying so; the run then returns.

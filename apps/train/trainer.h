@@ -98,6 +98,10 @@ struct TrainerOptions {
   bool overwrite = false;       // the task's RunFolder: start over in an out_dir that holds a run
   int64_t save_every = 0;       // also checkpoint every N steps (0: at the end of each epoch only)
   int64_t stop_after = 0;       // stop after N steps, right after a checkpoint (tests interruption)
+  // With a time limit, "plan" (Note [Planning to the deadline]) ends the run at the last whole
+  // epoch that fits, the learning rate decaying to zero over the last epochs of that plan; "cut"
+  // trains on until the limit and ends the epoch there.
+  std::string on_time_limit = "plan";
   double time_limit = 0;        // seconds: end training after the step that reaches it (0: none); the
                                 // epoch then ends there (evaluated, saved) and the run is complete
   int64_t keep = 5;             // keep the last K epoch copies (model.epochE.safetensors)
@@ -193,6 +197,8 @@ class Trainer {
   Metrics run_evaluation(int64_t epoch);
   // On N ranks, each rank's dropout stream from (seed, step, rank); one process keeps its stream.
   void reseed_dropout_for_rank() const;
+  // Note [Planning to the deadline]: after an epoch that took `seconds`, the epochs the time left fits.
+  void plan_to_deadline(int64_t epoch, double seconds);
 
   nn::Module& model_;
   Device device_ = Device::CPU;  // the model's (its first parameter's): where autocast runs
@@ -201,6 +207,9 @@ class Trainer {
   TrainerOptions o_;
   int64_t step_ = 0;
   std::chrono::steady_clock::time_point run_start_ = std::chrono::steady_clock::now();
+  int64_t planned_epochs_ = 0;    // the epoch the run ends with: o_.epochs, or fewer by the plan
+  std::vector<double> epoch_seconds_;  // wall time of each epoch of this session, evaluation included
+  double lr_scale_ = 1.0;           // the deadline's cooldown, applied over the schedule's lr
   std::unique_ptr<dist::GradReducer> reducer_;  // made at the first step (it does nothing on one rank)
   std::unique_ptr<Checkpoints> checkpoints_;    // the run folder (checkpoints.h)
   std::unique_ptr<Progress> progress_;          // what the run shows (progress.h)
@@ -217,9 +226,19 @@ OptionTable trainer_options(TrainerOptions& options);
 // nan does, the time limit, resume/overwrite/reshard, the step log, the progress line,
 // activation checkpointing (memory for compute; the same gradients) and the matmul precision (bf16
 // autocast, TF32 on a GPU).
-inline const std::vector<std::string> kRunControlFlags = {"on-nan", "time-limit", "resume", "overwrite", "reshard",
+inline const std::vector<std::string> kRunControlFlags = {"on-nan", "time-limit", "on-time-limit", "resume", "overwrite", "reshard",
                                                          "step-log", "no-progress", "checkpoint-activations",
                                                          "precision", "tf32"};
+
+// Note [Planning to the deadline]: the epochs a run with `seconds_left` of its time limit can
+// still end, after `done` epochs whose wall times (evaluation included) were `epoch_seconds`: it
+// plans with the slower of the last two, so that one quick epoch does not promise too much. At
+// most `max_epochs`, at least `done`.
+int64_t epochs_that_fit(double seconds_left, const std::vector<double>& epoch_seconds, int64_t done, int64_t max_epochs);
+// The cooldown of a planned end: the schedule's lr times this, falling linearly from 1 at the start
+// of the last `window` epochs of `planned` to 0 at its end (1 when the plan kept the recipe's
+// `epochs`: its own end is what was tuned). `batch` of `batches` is the position in `epoch`.
+double deadline_lr_scale(int64_t epoch, int64_t batch, int64_t batches, int64_t planned, int64_t epochs, int64_t window);
 
 // Throws naming the first bad option (what the Trainer's constructor checks), as its flag would.
 void check_options(const TrainerOptions& options);

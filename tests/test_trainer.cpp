@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 
 #include "apps/train/trainer.h"
 #include "tests/helpers.h"
@@ -311,6 +312,73 @@ TEST_CASE("Trainer: a run cut by its time limit averages the last epochs it reac
   CHECK(cut.averaged == 3);
   for (int e = 1; e <= 3; ++e) CHECK(std::filesystem::exists(dir + "/model.epoch" + std::to_string(e) + ".safetensors"));
   CHECK(std::filesystem::exists(dir + "/model.avg.safetensors"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Planning to the deadline: the epochs that fit, and the cooldown's ramp") {
+  using apps::deadline_lr_scale;
+  using apps::epochs_that_fit;
+  CHECK(epochs_that_fit(100, {}, 0, 18) == 18);           // nothing measured yet: the recipe's
+  CHECK(epochs_that_fit(1000, {100}, 1, 18) == 11);       // 10 more
+  CHECK(epochs_that_fit(1000, {100, 125}, 2, 18) == 10);  // with the slower of the last two: 8 more
+  CHECK(epochs_that_fit(1000, {125, 100}, 2, 18) == 10);
+  CHECK(epochs_that_fit(1000, {300, 100, 100}, 3, 18) == 13);  // an old slow epoch is forgotten
+  CHECK(epochs_that_fit(1e6, {100}, 1, 18) == 18);        // never past the recipe
+  CHECK(epochs_that_fit(50, {100}, 3, 18) == 3);          // no room for another: ends now
+  CHECK(epochs_that_fit(-5, {100}, 3, 18) == 3);
+  CHECK(epochs_that_fit(1000, {0.0}, 1, 18) == 18);
+  // The ramp: nothing when the plan is the recipe's; otherwise 1 before the window, then linear to
+  // 0 at the plan's end, by batches.
+  CHECK(deadline_lr_scale(14, 9, 10, 18, 18, 5) == 1.0);
+  CHECK(deadline_lr_scale(5, 9, 10, 10, 18, 5) == 1.0);  // the window is epochs 6-10
+  CHECK(deadline_lr_scale(6, 0, 10, 10, 18, 5) == 1.0);
+  CHECK(deadline_lr_scale(6, 5, 10, 10, 18, 5) == doctest::Approx(0.9));
+  CHECK(deadline_lr_scale(8, 0, 10, 10, 18, 5) == doctest::Approx(0.6));
+  CHECK(deadline_lr_scale(10, 9, 10, 10, 18, 5) == doctest::Approx(0.02));
+  CHECK(deadline_lr_scale(3, 0, 10, 3, 18, 5) == doctest::Approx(0.2));  // a window longer than the plan began before it
+  CHECK(deadline_lr_scale(1, 0, 0, 3, 18, 2) == 1.0);   // an empty epoch
+}
+
+TEST_CASE("Trainer: a time limit ends the run at the last whole epoch that fits, the learning rate falling to it") {
+  // Every batch sleeps 40 ms: an epoch of 5 takes at least 0.2 s, so a limit of 2 s fits about 9
+  // of the 30 epochs. The last two epochs of the plan (average 2) run at a falling fraction of
+  // the schedule's rate, which --step-log records.
+  struct SlowData : OnesData {
+    using OnesData::OnesData;
+    apps::TrainBatch batch(int64_t i) override {
+      usleep(40000);
+      return OnesData::batch(i);
+    }
+  };
+  manual_seed(23);
+  nn::Linear model(1, 1);
+  SlowData data(model);
+  optim::SGDOptions so;
+  so.lr = 0.01;
+  optim::SGD sgd(model.parameters(), so);
+  const optim::InverseSqrtSchedule schedule(0.01, 1);
+  const std::string dir = fresh_temp_dir("deadline"), log = dir + "/steps.tsv";
+  apps::TrainerOptions o;
+  o.epochs = 30, o.progress = false, o.time_limit = 2.0, o.average = 2, o.step_log = log;
+  apps::Trainer trainer(model, sgd, &schedule, o);
+  const apps::FitResult r = trainer.fit(data);
+  CHECK(r.epochs.size() >= 3);
+  CHECK(r.epochs.size() < 30);
+  if (!r.out_of_time) {  // (a stalled machine can still overrun the plan: the limit then cuts as before)
+    std::ifstream in(log);
+    std::string line, last;
+    while (std::getline(in, line)) last = line;
+    std::vector<std::string> fields;
+    std::stringstream cells(last);
+    for (std::string f; std::getline(cells, f, '\t');) fields.push_back(f);
+    REQUIRE(fields.size() >= 5);
+    const int64_t step = std::stoll(fields[0]);
+    CHECK(std::stod(fields[4]) < 0.25 * schedule.lr(step));  // the last step: 1/10 of the schedule's
+  }
+  // "cut" keeps training until the limit.
+  o.on_time_limit = "cut", o.step_log = "";
+  apps::Trainer cut(model, sgd, &schedule, o);
+  CHECK(cut.fit(data).out_of_time);
   std::filesystem::remove_all(dir);
 }
 

@@ -399,7 +399,10 @@ void Trainer::plan_to_deadline(int64_t epoch, double seconds) {
   if (plan == planned_epochs_) return;
   planned_epochs_ = plan;
   if (!dist::is_main()) return;
-  if (plan <= epoch) {
+  if (plan == o_.epochs) {
+    std::printf("train: the time limit of %s fits all %lld epochs again (%s an epoch here)\n",
+                clock_text(o_.time_limit).c_str(), (long long)plan, clock_text(seconds).c_str());
+  } else if (plan <= epoch) {
     std::printf("train: the time limit of %s leaves no time for another epoch (%s each): the run ends with epoch %lld\n",
                 clock_text(o_.time_limit).c_str(), clock_text(seconds).c_str(), (long long)epoch);
   } else {

@@ -64,7 +64,7 @@ OptionTable options_table(CopyTaskOptions& o) {
 CopyTaskResult train_copy_task(const CopyTaskOptions& options) {
   CopyTaskOptions o = options;
   RunSetup run(options_table(o), o.trainer);
-  run.open();  // no folder: the seed
+  run.seed();  // no run folder
   Generator eval_gen(o.trainer.seed + 2);
   TransformerConfig cfg;
   cfg.src_vocab = cfg.tgt_vocab = o.vocab;

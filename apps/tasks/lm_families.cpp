@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "apps/train/option_table.h"
+#include "tapestry/ops/error.h"
 #include "tapestry/models/gpt.h"
 #include "tapestry/models/llama.h"
 

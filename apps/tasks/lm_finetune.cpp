@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "apps/train/option_table.h"
 #include "apps/train/run_dir.h"
 #include "apps/train/saved_model.h"
 #include "tapestry/nn/lora.h"

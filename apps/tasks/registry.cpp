@@ -22,9 +22,9 @@ TAPESTRY_BUILTIN_TASKS(TAPESTRY_DECLARE_TASK)
 
 namespace {
 
-std::vector<Task>& registry() {
-  static std::vector<Task> all = [] {
-    std::vector<Task> builtin;
+std::deque<Task>& registry() {
+  static std::deque<Task> all = [] {
+    std::deque<Task> builtin;
 #define TAPESTRY_ADD_TASK(make) builtin.push_back(make());
     TAPESTRY_BUILTIN_TASKS(TAPESTRY_ADD_TASK)
 #undef TAPESTRY_ADD_TASK
@@ -35,10 +35,10 @@ std::vector<Task>& registry() {
 
 }  // namespace
 
-const std::vector<Task>& tasks() { return registry(); }
+const std::deque<Task>& tasks() { return registry(); }
 
 void register_task(Task task) {
-  std::vector<Task>& all = registry();
+  std::deque<Task>& all = registry();
   TP_CHECK(!task.name.empty() && task.make, "register_task: a task needs a name and a make function");
   TP_CHECK(std::none_of(all.begin(), all.end(), [&](const Task& t) { return t.name == task.name; }),
            "register_task: a task named '{}' is already registered", task.name);

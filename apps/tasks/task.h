@@ -4,6 +4,7 @@
 // tools/train.cpp builds the flags, the help, --print-config and the dispatch from the registry
 // and names no task.
 #pragma once
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -66,7 +67,7 @@ Task make_task(TaskSpec<Options> spec) {
 
 // The tasks, in the order the help lists them: the built-in ones (registry.cpp), then those
 // register_task added.
-const std::vector<Task>& tasks();
+const std::deque<Task>& tasks();  // a deque: adding a task moves none
 // Adds a task; refuses a name already taken. Usable from a static initializer
 // (`static const bool added = (register_task(my_task()), true);`).
 void register_task(Task task);

@@ -14,9 +14,11 @@ RunSetup::RunSetup(OptionTable table, TrainerOptions trainer, std::function<std:
 
 void RunSetup::open(std::vector<std::string> files) {
   files.push_back("config.toml");
-  if (!trainer_.out_dir.empty()) folder_.emplace(trainer_.out_dir, trainer_.resume, trainer_.overwrite, files);
-  manual_seed(trainer_.seed);
+  folder_.emplace(trainer_.out_dir, trainer_.resume, trainer_.overwrite, files);  // refuses an empty --out
+  seed();
 }
+
+void RunSetup::seed() const { manual_seed(trainer_.seed); }
 
 TrainerOptions& RunSetup::record(const std::map<std::string, std::string>& recipe,
                                  std::map<std::string, std::string> metadata, std::string curves_title) {

@@ -7,6 +7,7 @@
 //   ... the model, its optimizer and schedule, the batches ...
 //   Trainer trainer(model, adamw, &schedule, run.record(recipe, metadata, title));
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -33,11 +34,14 @@ class RunSetup {
 
   const OptionTable& table() const { return table_; }
   const std::string& config_toml() const { return config_toml_; }
+  // A copy of the Trainer's options made at construction: set them on the options before.
   const TrainerOptions& trainer() const { return trainer_; }
 
   // The run folder, with its resume and overwrite rules (`files`: the task's own besides
-  // config.toml, the checkpoints and the curves; none without an out_dir), then the seed.
+  // config.toml, the checkpoints and the curves), then the seed. A task without a run folder (the
+  // copy task) calls seed() alone.
   void open(std::vector<std::string> files = {});
+  void seed() const;
 
   // The Trainer's options, with what the run folder records: the recipe rows, and `recipe`'s
   // entries (what follows from the options: the data read, the vocabulary) beside them; config.toml;

@@ -79,8 +79,8 @@ OptionTable trainer_options(TrainerOptions& o) {
   t.add("on-time-limit", o.on_time_limit, "with --time-limit: plan (after each epoch, end at the last whole epoch "
         "that fits, the learning rate decaying linearly to zero over the last --average epochs of that plan, at least "
         "2) or cut (train until the limit, ending the epoch there)").one_of({"plan", "cut"}).this_run_only();
-  t.add("time-limit", o.time_limit, "end training after this many seconds (0: none); the epoch then ends there, "
-        "evaluated and saved").at_least(0).this_run_only();
+  t.add("time-limit", o.time_limit, "end training after this many seconds (0: none): planned to, or cut at, as "
+        "--on-time-limit says; the run then ends evaluated and saved").at_least(0).this_run_only();
   t.add("keep", o.keep, "keep the last K epoch checkpoints").positive();
   t.add("average", o.average, "average the last N epoch checkpoints into the model at the end (0, 1: none)").at_least(0);
   t.add("seed", o.seed, "random seed (initialization, batch order, dropout)");
@@ -371,8 +371,10 @@ bool Trainer::run_epoch(DataSource& data, int64_t epoch, const ResumePoint& star
 // run is the recipe's, to the bit. The plan is made again after every epoch (a host that slows
 // down ends earlier), never later than the recipe's end, and not later than it was once its
 // cooldown began (the learning rate only falls). Under N ranks every rank takes the earliest
-// plan. A resumed session plans again after its first epoch. If an epoch still overruns, the
-// limit cuts it as before.
+// plan. The plan is not saved in checkpoints: a resumed session starts from the recipe's end and
+// plans again after its first epoch (a run resumed inside its cooldown trains that epoch at the
+// schedule's rate, then ramps again). The cooldown scales a schedule's rate; a Trainer without
+// a schedule only ends early. If an epoch still overruns, the limit cuts it as before.
 int64_t epochs_that_fit(double seconds_left, const std::vector<double>& epoch_seconds, int64_t done, int64_t max_epochs) {
   if (epoch_seconds.empty()) return max_epochs;
   double per_epoch = epoch_seconds.back();
@@ -393,7 +395,7 @@ void Trainer::plan_to_deadline(int64_t epoch, double seconds) {
   epoch_seconds_.push_back(seconds);
   int64_t plan = epochs_that_fit(o_.time_limit - seconds_since(run_start_), epoch_seconds_, epoch, o_.epochs);
   const int64_t window = std::max<int64_t>(2, o_.average);
-  const bool cooling = planned_epochs_ < o_.epochs && epoch >= planned_epochs_ - window;
+  const bool cooling = planned_epochs_ < o_.epochs && epoch > planned_epochs_ - window;  // the ramp has begun
   if (cooling) plan = std::min(plan, planned_epochs_);  // once the ramp began, its end only comes earlier
   plan = static_cast<int64_t>(dist::allreduce(static_cast<double>(-plan), dist::ReduceOp::Max) * -1.0);  // the earliest
   if (plan == planned_epochs_) return;
@@ -406,10 +408,13 @@ void Trainer::plan_to_deadline(int64_t epoch, double seconds) {
     std::printf("train: the time limit of %s leaves no time for another epoch (%s each): the run ends with epoch %lld\n",
                 clock_text(o_.time_limit).c_str(), clock_text(seconds).c_str(), (long long)epoch);
   } else {
+    const std::string ramp = schedule_ ? fmt::format(", its learning rate falling to zero over epochs {}-{}",
+                                                     std::max<int64_t>(1, plan - window + 1), plan)
+                                       : "";  // the cooldown scales a schedule's rate
     std::printf("train: the time limit of %s fits %lld of the %lld epochs (%s an epoch here): the run ends with epoch "
-                "%lld, its learning rate falling to zero over epochs %lld-%lld\n",
+                "%lld%s\n",
                 clock_text(o_.time_limit).c_str(), (long long)plan, (long long)o_.epochs, clock_text(seconds).c_str(),
-                (long long)plan, (long long)std::max<int64_t>(1, plan - window + 1), (long long)plan);
+                (long long)plan, ramp.c_str());
   }
   std::fflush(stdout);
 }

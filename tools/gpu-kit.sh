@@ -169,7 +169,7 @@ fallback_check() {
   local objects=(CMakeFiles/tapestry.dir/ops/cpu/gemm.cpp.o          # cblas.h, fmt
                  CMakeFiles/tapestry.dir/nn/safetensors.cpp.o        # nlohmann-json, zlib
                  CMakeFiles/tapestry_apps.dir/apps/data/subword.cpp.o  # SentencePiece
-                 CMakeFiles/tapestry_cli.dir/tools/main.cpp.o        # CLI11
+                 CMakeFiles/tapestry_cli_objects.dir/tools/main.cpp.o  # CLI11
                  CMakeFiles/tapestry_tests.dir/tests/main.cpp.o)     # doctest
   if unshare -m --propagation private bash -c '
       for f in "${@:4}"; do mount --bind /dev/null "$f"; done

@@ -238,15 +238,11 @@ std::unique_ptr<LMTokenizer> make_lm_tokenizer(const LMOptions& o, const LMText&
   if (o.tokenizer == "sentencepiece")
     return sentencepiece_tokenizer(Subword::train_in_folder(to.out_dir, o.vocab_size, o.limit, to.seed,
                                                             text.train_path, [&] { return text.train; }));
-  const std::string src = o.gpt2_dir.empty() ? default_gpt2_dir() : o.gpt2_dir, dst = to.out_dir + "/gpt2";
+  const std::string src = o.gpt2_dir.empty() ? default_gpt2_dir() : o.gpt2_dir;
   std::unique_ptr<LMTokenizer> tok = gpt2_tokenizer(src);
-  if (dist::is_main()) {  // rank 0 writes the run folder
-    std::filesystem::create_directories(dst);
-    for (const char* f : {"encoder.json", "vocab.bpe"}) {
-      std::ifstream in(src + "/" + f, std::ios::binary);
-      write_file_atomic(dst + "/" + f, std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
-    }
-  }
+  if (dist::is_main())  // rank 0 writes the run folder
+    write_files(to.out_dir, {{"gpt2/encoder.json", read_whole_file(src + "/encoder.json")},
+                             {"gpt2/vocab.bpe", read_whole_file(src + "/vocab.bpe")}});
   return tok;
 }
 

@@ -20,6 +20,19 @@ using models::CausalLM;
 
 bool is_hf_dir(const std::string& dir) { return file_exists(dir + "/config.json"); }
 
+std::string read_whole_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TP_CHECK(in.good(), "cannot read {}", path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void write_files(const std::string& dir, const std::map<std::string, std::string>& files) {
+  for (const auto& [name, bytes] : files) {
+    std::filesystem::create_directories(std::filesystem::path(dir + "/" + name).parent_path());
+    write_file_atomic(dir + "/" + name, bytes);
+  }
+}
+
 namespace {
 
 // --lora-targets' names, which each family maps to its Linear layers (LMFamily::lora_layers).
@@ -33,20 +46,6 @@ std::vector<std::string> split_list(const std::string& text) {
     if (a != std::string::npos) parts.push_back(part.substr(a, b - a + 1));
   }
   return parts;
-}
-
-std::string read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TP_CHECK(in.good(), "cannot read {}", path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-// Files by their path relative to a folder, written there (atomically, with their folders).
-void write_files(const std::string& dir, const std::map<std::string, std::string>& files) {
-  for (const auto& [name, bytes] : files) {
-    std::filesystem::create_directories(std::filesystem::path(dir + "/" + name).parent_path());
-    write_file_atomic(dir + "/" + name, bytes);
-  }
 }
 
 // A LoRA run's folder: the base it names, loaded and checked against the fingerprint it recorded,

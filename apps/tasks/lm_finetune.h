@@ -14,6 +14,10 @@
 namespace tapestry::apps {
 
 bool is_hf_dir(const std::string& dir);  // holds config.json
+// A file's bytes (throws naming it when unreadable), and files by their path relative to `dir`
+// written there, atomically, with their folders: how a run folder copies a tokenizer's files.
+std::string read_whole_file(const std::string& path);
+void write_files(const std::string& dir, const std::map<std::string, std::string>& files);
 
 // --lora-targets' check: a comma-separated list of distinct names among q, k, v, o, gate, up, down
 // (the problem, or "").

@@ -316,7 +316,7 @@ TEST_CASE("Trainer: a run cut by its time limit averages the last epochs it reac
 }
 
 TEST_CASE("Planning to the deadline: the epochs that fit, and the cooldown's ramp") {
-  using apps::deadline_lr_scale;
+  using apps::cooldown_lr_scale;
   using apps::epochs_that_fit;
   CHECK(epochs_that_fit(100, {}, 0, 18) == 18);           // nothing measured yet: the recipe's
   CHECK(epochs_that_fit(1000, {100}, 1, 18) == 11);       // 10 more
@@ -327,16 +327,43 @@ TEST_CASE("Planning to the deadline: the epochs that fit, and the cooldown's ram
   CHECK(epochs_that_fit(50, {100}, 3, 18) == 3);          // no room for another: ends now
   CHECK(epochs_that_fit(-5, {100}, 3, 18) == 3);
   CHECK(epochs_that_fit(1000, {0.0}, 1, 18) == 18);
-  // The ramp: nothing when the plan is the recipe's; otherwise 1 before the window, then linear to
-  // 0 at the plan's end, by batches.
-  CHECK(deadline_lr_scale(14, 9, 10, 18, 18, 5) == 1.0);
-  CHECK(deadline_lr_scale(5, 9, 10, 10, 18, 5) == 1.0);  // the window is epochs 6-10
-  CHECK(deadline_lr_scale(6, 0, 10, 10, 18, 5) == 1.0);
-  CHECK(deadline_lr_scale(6, 5, 10, 10, 18, 5) == doctest::Approx(0.9));
-  CHECK(deadline_lr_scale(8, 0, 10, 10, 18, 5) == doctest::Approx(0.6));
-  CHECK(deadline_lr_scale(10, 9, 10, 10, 18, 5) == doctest::Approx(0.02));
-  CHECK(deadline_lr_scale(3, 0, 10, 3, 18, 5) == doctest::Approx(0.2));  // a window longer than the plan began before it
-  CHECK(deadline_lr_scale(1, 0, 0, 3, 18, 2) == 1.0);   // an empty epoch
+  // The ramp: 1 before the window, then linear to 0 at the last epoch's end, by batches.
+  CHECK(cooldown_lr_scale(14, 9, 10, 18, 0) == 1.0);   // no window: the recipe's own schedule
+  CHECK(cooldown_lr_scale(5, 9, 10, 10, 5) == 1.0);    // the window is epochs 6-10
+  CHECK(cooldown_lr_scale(6, 0, 10, 10, 5) == 1.0);
+  CHECK(cooldown_lr_scale(6, 5, 10, 10, 5) == doctest::Approx(0.9));
+  CHECK(cooldown_lr_scale(8, 0, 10, 10, 5) == doctest::Approx(0.6));
+  CHECK(cooldown_lr_scale(10, 9, 10, 10, 5) == doctest::Approx(0.02));
+  CHECK(cooldown_lr_scale(3, 0, 10, 3, 5) == doctest::Approx(0.2));  // a window longer than the run began before it
+  CHECK(cooldown_lr_scale(1, 0, 0, 3, 2) == 1.0);   // an empty epoch
+}
+
+TEST_CASE("Trainer: --cooldown ramps the schedule's rate to zero over the run's last epochs") {
+  manual_seed(24);
+  nn::Linear model(1, 1);
+  OnesData data(model);
+  optim::SGDOptions so;
+  so.lr = 0.01;
+  optim::SGD sgd(model.parameters(), so);
+  const optim::InverseSqrtSchedule schedule(0.01, 1);
+  const std::string dir = fresh_temp_dir("cooldown"), log = dir + "/steps.tsv";
+  apps::TrainerOptions o;
+  o.epochs = 6, o.progress = false, o.cooldown = 2, o.step_log = log;
+  apps::Trainer trainer(model, sgd, &schedule, o);
+  CHECK(trainer.fit(data).epochs.size() == 6);
+  std::ifstream in(log);
+  std::vector<double> scale;  // the logged lr over the schedule's, step by step (5 a epoch)
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> f;
+    std::stringstream cells(line);
+    for (std::string c; std::getline(cells, c, '\t');) f.push_back(c);
+    REQUIRE(f.size() >= 5);
+    scale.push_back(std::stod(f[4]) / schedule.lr(std::stoll(f[0])));
+  }
+  REQUIRE(scale.size() == 30);
+  for (int i = 0; i < 20; ++i) CHECK(scale[i] == doctest::Approx(1.0));  // epochs 1-4: the schedule's
+  for (int i = 20; i < 30; ++i) CHECK(scale[i] == doctest::Approx(1.0 - (i - 20) / 10.0));  // 5-6: 1, 0.9, ..., 0.1
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("Trainer: a time limit ends the run at the last whole epoch that fits, the learning rate falling to it") {
@@ -375,6 +402,29 @@ TEST_CASE("Trainer: a time limit ends the run at the last whole epoch that fits,
     const int64_t step = std::stoll(fields[0]);
     CHECK(std::stod(fields[4]) < 0.25 * schedule.lr(step));  // the last step: 1/10 of the schedule's
   }
+  // --cooldown 4: the ramp spans the plan's last 4 epochs instead of --average's 2.
+  std::filesystem::remove(log);
+  o.cooldown = 4;
+  apps::Trainer longer(model, sgd, &schedule, o);
+  const apps::FitResult lr = longer.fit(data);
+  const int64_t last_epoch = lr.epochs.back().epoch;
+  if (!lr.out_of_time && last_epoch >= 5) {
+    std::ifstream in(log);
+    int64_t scaled_before_window = 0, scaled_in_window = 0;
+    for (std::string line; std::getline(in, line);) {
+      std::vector<std::string> f;
+      std::stringstream cells(line);
+      for (std::string c; std::getline(cells, c, '\t');) f.push_back(c);
+      if (f.size() < 5 || f[0] == "step") continue;
+      const int64_t step = std::stoll(f[0]), epoch = std::stoll(f[1]);
+      const bool scaled = std::stod(f[4]) < 0.999 * schedule.lr(step);
+      if (epoch <= last_epoch - 4) scaled_before_window += scaled;
+      else if (epoch <= last_epoch - 2) scaled_in_window += scaled;  // before --average's window
+    }
+    CHECK(scaled_before_window == 0);
+    CHECK(scaled_in_window > 0);  // (all but the window's first step, unless a slow epoch moved the plan)
+  }
+  o.cooldown = 0;
   // "cut" keeps training until the limit.
   o.on_time_limit = "cut", o.step_log = "";
   apps::Trainer cut(model, sgd, &schedule, o);

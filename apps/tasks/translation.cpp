@@ -127,7 +127,7 @@ OptionTable options_table(TranslationOptions& o) {
   t.add("eval-limit", o.eval_limit, "score only the first N val/test sentences (0: all)").at_least(0);
   t.add("beam", o.beam, "beam size for the test set (1: greedy)").positive();
   t.add("alpha", o.alpha, "length penalty for the test set").at_least(0);
-  add_run_rows(t, trainer, {"keep", "average"});
+  add_run_rows(t, trainer, {"keep", "average", "cooldown"});
   t.add("detect-anomaly", o.detect_anomaly, "name the first op whose forward or backward gives NaN/inf (slow)")
       .this_run_only();
   return t;

@@ -77,8 +77,9 @@ OptionTable trainer_options(TrainerOptions& o) {
         "processes (same global batches; dropout masks differ, so not bit-exact)").this_run_only();
   t.add("save-every", o.save_every, "also checkpoint every N steps (0: after each epoch only)").at_least(0);
   t.add("on-time-limit", o.on_time_limit, "with --time-limit: plan (after each epoch, end at the last whole epoch "
-        "that fits, the learning rate decaying linearly to zero over the last --average epochs of that plan, at least "
-        "2) or cut (train until the limit, ending the epoch there)").one_of({"plan", "cut"}).this_run_only();
+        "that fits, the learning rate decaying linearly to zero over the last --cooldown epochs of that plan) or cut (train until the limit, ending the epoch there)").one_of({"plan", "cut"}).this_run_only();
+  t.add("cooldown", o.cooldown, "the learning rate falls linearly to zero over the run's last N epochs (0: only "
+        "when a time limit's plan ends the run early, over its last --average epochs, at least 2)").at_least(0);
   t.add("time-limit", o.time_limit, "end training after this many seconds (0: none): planned to, or cut at, as "
         "--on-time-limit says; the run then ends evaluated and saved").at_least(0).this_run_only();
   t.add("keep", o.keep, "keep the last K epoch checkpoints").positive();
@@ -305,7 +306,7 @@ bool Trainer::run_epoch(DataSource& data, int64_t epoch, const ResumePoint& star
   model_.train();
   for (int64_t i = first_batch; i < batches;) {
     const int64_t before = i, end = std::min(batches, i + o_.accumulate);
-    lr_scale_ = deadline_lr_scale(epoch, i, batches, planned_epochs_, o_.epochs, std::max<int64_t>(2, o_.average));
+    lr_scale_ = cooldown_lr_scale(epoch, i, batches, planned_epochs_, cooldown_epochs());
     std::vector<TrainBatch> group;
     for (int64_t j = i; j < end; ++j) group.push_back(data.batch(j));
     i = end;
@@ -366,9 +367,11 @@ bool Trainer::run_epoch(DataSource& data, int64_t epoch, const ResumePoint& star
 // schedule. Budgeted training does better when the schedule reaches its end at the budget
 // (Li, Yumer and Ramanan, ICLR 2020). So, after each epoch, the run measures what an epoch costs
 // here (training, evaluation and checkpoints), plans to end at the last whole epoch the time left
-// fits, and over the last epochs of that plan (the ones averaged at the end) multiplies the
-// schedule's learning rate by a ramp falling linearly to zero. When the recipe's epochs fit, the
-// run is the recipe's, to the bit. The plan is made again after every epoch (a host that slows
+// fits, and over the last epochs of that plan (--cooldown's; by default the --average ones)
+// multiplies the schedule's learning rate by a ramp falling linearly to zero. When the recipe's
+// epochs fit and it names no --cooldown, the run is the recipe's, to the bit. The same ramp over a
+// run's own last epochs is --cooldown N without a time limit, which makes a planned run's
+// schedule reproducible (--epochs P --cooldown N trains as a plan of P epochs does). The plan is made again after every epoch (a host that slows
 // down ends earlier), never later than the recipe's end, and not later than it was once its
 // cooldown began (the learning rate only falls). Under N ranks every rank takes the earliest
 // plan. The plan is not saved in checkpoints: a resumed session starts from the recipe's end and
@@ -383,23 +386,28 @@ int64_t epochs_that_fit(double seconds_left, const std::vector<double>& epoch_se
   return std::clamp<int64_t>(done + static_cast<int64_t>(std::min(more, 1e9)), done, std::max(done, max_epochs));
 }
 
-double deadline_lr_scale(int64_t epoch, int64_t batch, int64_t batches, int64_t planned, int64_t epochs, int64_t window) {
-  if (planned >= epochs || window <= 0) return 1.0;
-  const int64_t first = planned - window + 1;  // the window's first epoch
+double cooldown_lr_scale(int64_t epoch, int64_t batch, int64_t batches, int64_t last_epoch, int64_t window) {
+  if (window <= 0) return 1.0;
+  const int64_t first = last_epoch - window + 1;  // the window's first epoch
   if (epoch < first) return 1.0;
   const double into = static_cast<double>(epoch - first) + static_cast<double>(batch) / static_cast<double>(std::max<int64_t>(batches, 1));
   return std::clamp(1.0 - into / static_cast<double>(window), 0.0, 1.0);
 }
 
+int64_t Trainer::cooldown_epochs() const {
+  if (o_.cooldown > 0) return o_.cooldown;
+  return planned_epochs_ < o_.epochs ? std::max<int64_t>(2, o_.average) : 0;  // a recipe that fits is untouched
+}
+
 void Trainer::plan_to_deadline(int64_t epoch, double seconds) {
   epoch_seconds_.push_back(seconds);
   int64_t plan = epochs_that_fit(o_.time_limit - seconds_since(run_start_), epoch_seconds_, epoch, o_.epochs);
-  const int64_t window = std::max<int64_t>(2, o_.average);
-  const bool cooling = planned_epochs_ < o_.epochs && epoch > planned_epochs_ - window;  // the ramp has begun
+  const bool cooling = cooldown_epochs() > 0 && epoch > planned_epochs_ - cooldown_epochs();  // the ramp has begun
   if (cooling) plan = std::min(plan, planned_epochs_);  // once the ramp began, its end only comes earlier
   plan = static_cast<int64_t>(dist::allreduce(static_cast<double>(-plan), dist::ReduceOp::Max) * -1.0);  // the earliest
   if (plan == planned_epochs_) return;
   planned_epochs_ = plan;
+  const int64_t window = cooldown_epochs();
   if (!dist::is_main()) return;
   if (plan == o_.epochs) {
     std::printf("train: the time limit of %s fits all %lld epochs again (%s an epoch here)\n",

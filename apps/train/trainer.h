@@ -102,6 +102,8 @@ struct TrainerOptions {
   // epoch that fits, the learning rate decaying to zero over the last epochs of that plan; "cut"
   // trains on until the limit and ends the epoch there.
   std::string on_time_limit = "plan";
+  int64_t cooldown = 0;         // the learning rate falls to zero over the run's last N epochs (0: only
+                                // when a plan ends the run early, over the --average epochs, at least 2)
   double time_limit = 0;        // seconds: end training after the step that reaches it (0: none); the
                                 // epoch then ends there (evaluated, saved) and the run is complete
   int64_t keep = 5;             // keep the last K epoch copies (model.epochE.safetensors)
@@ -199,6 +201,7 @@ class Trainer {
   void reseed_dropout_for_rank() const;
   // Note [Planning to the deadline]: after an epoch that took `seconds`, the epochs the time left fits.
   void plan_to_deadline(int64_t epoch, double seconds);
+  int64_t cooldown_epochs() const;  // the ramp's epochs: --cooldown; else a plan's --average (0: none)
 
   nn::Module& model_;
   Device device_ = Device::CPU;  // the model's (its first parameter's): where autocast runs
@@ -235,10 +238,10 @@ inline const std::vector<std::string> kRunControlFlags = {"on-nan", "time-limit"
 // plans with the slower of the last two, so that one quick epoch does not promise too much. At
 // most `max_epochs`, at least `done`.
 int64_t epochs_that_fit(double seconds_left, const std::vector<double>& epoch_seconds, int64_t done, int64_t max_epochs);
-// The cooldown of a planned end: the schedule's lr times this, falling linearly from 1 at the start
-// of the last `window` epochs of `planned` to 0 at its end (1 when the plan kept the recipe's
-// `epochs`: its own end is what was tuned). `batch` of `batches` is the position in `epoch`.
-double deadline_lr_scale(int64_t epoch, int64_t batch, int64_t batches, int64_t planned, int64_t epochs, int64_t window);
+// The cooldown: the schedule's lr times this, falling linearly from 1 at the start of the last
+// `window` epochs before `last_epoch` to 0 at its end (1 everywhere for a window of 0). `batch` of
+// `batches` is the position in `epoch`.
+double cooldown_lr_scale(int64_t epoch, int64_t batch, int64_t batches, int64_t last_epoch, int64_t window);
 
 // Throws naming the first bad option (what the Trainer's constructor checks), as its flag would.
 void check_options(const TrainerOptions& options);

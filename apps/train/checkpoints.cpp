@@ -201,14 +201,14 @@ void Checkpoints::end_of_epoch(int64_t step, int64_t epoch, const EpochRecord& r
   save(step, epoch + 1, 0, 0, 0);
 }
 
-void Checkpoints::average(FitResult& result, int64_t last_epoch) {
+void Checkpoints::average(FitResult& result, int64_t last_epoch, int64_t count) {
   // An average left by an earlier run in this directory must not pass for this run's.
   std::remove(weights_path(".avg").c_str());
-  if (o_.average <= 1) return;
+  if (count <= 1) return;
   std::vector<std::string> paths, epochs;
   // The last epochs this run reached: a run cut by its time limit averages what it has (issue 47:
   // cut in epoch 15 of 18, it averaged epochs 14-15 of the planned 14-18, not 11-15).
-  for (int64_t e = std::max<int64_t>(1, last_epoch - o_.average + 1); e <= last_epoch; ++e) {
+  for (int64_t e = std::max<int64_t>(1, last_epoch - count + 1); e <= last_epoch; ++e) {
     std::string p = weights_path(fmt::format(".epoch{}", e));
     if (std::ifstream(p).good()) paths.push_back(p), epochs.push_back(std::to_string(e));
   }

@@ -27,7 +27,7 @@ class Checkpoints {
   // resume past this epoch.
   void end_of_epoch(int64_t step, int64_t epoch, const EpochRecord& record, FitResult& result);
   // After the last epoch: the mean of the last N epoch copies becomes the model (model.avg).
-  void average(FitResult& result, int64_t last_epoch);  // the last `average` epoch copies up to last_epoch
+  void average(FitResult& result, int64_t last_epoch, int64_t count);  // the last `count` epoch copies up to last_epoch
 
  private:
   // The state the files hold (all of it, or the trainable parameters: TrainerOptions::trainable_only),

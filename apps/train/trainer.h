@@ -103,7 +103,7 @@ struct TrainerOptions {
   // trains on until the limit and ends the epoch there.
   std::string on_time_limit = "plan";
   int64_t cooldown = 0;         // the learning rate falls to zero over the run's last N epochs (0: only
-                                // when a plan ends the run early, over the --average epochs, at least 2)
+                                // when a plan ends the run early, over a third of its epochs, at least 2)
   double time_limit = 0;        // seconds: end training after the step that reaches it (0: none); the
                                 // epoch then ends there (evaluated, saved) and the run is complete
   int64_t keep = 5;             // keep the last K epoch copies (model.epochE.safetensors)
@@ -201,7 +201,8 @@ class Trainer {
   void reseed_dropout_for_rank() const;
   // Note [Planning to the deadline]: after an epoch that took `seconds`, the epochs the time left fits.
   void plan_to_deadline(int64_t epoch, double seconds);
-  int64_t cooldown_epochs() const;  // the ramp's epochs: --cooldown; else a plan's --average (0: none)
+  int64_t cooldown_epochs() const;  // the ramp's epochs: --cooldown; else a third of a plan's (0: none)
+  int64_t epochs_averaged() const;  // --average; a plan's run, at most 2 (Note [Planning to the deadline])
 
   nn::Module& model_;
   Device device_ = Device::CPU;  // the model's (its first parameter's): where autocast runs

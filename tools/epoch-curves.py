@@ -27,7 +27,8 @@ def read_curve(path, metric):
 
 
 def chart(series, metric, title):
-    w, h, left, right, top, bottom = 720, 400, 60, 190, 40, 50
+    right = max(190, 50 + 7 * max(len(name) for name, _ in series))  # room for the legend
+    w, h, left, top, bottom = 530 + right, 400, 60, 40, 50
     xs = [x for _, pts in series for x, _ in pts]
     ys = [y for _, pts in series for _, y in pts]
     if not xs:

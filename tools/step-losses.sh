@@ -16,7 +16,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 tp="$build/tapestry"
 common=(--threads 2 --no-progress)
-m30k=(--task multi30k --limit 1000 --config tiny --max-tokens 512 --vocab-size 1000 --eval-limit 40)
+m30k=(--task multi30k --limit 1000 --config tiny --max-tokens 512 --vocab-size 1000 --eval-limit 40 --cooldown 0 --average 5)
 status=0
 run() {  # run NAME ARGS...: the copy task exits 1 when it is not solved in its steps, which is expected here
   local name=$1

@@ -100,6 +100,7 @@ std::vector<std::string> head(const std::vector<std::string>& v, int64_t limit) 
 TranslationOptions quick_translation_options() {
   TranslationOptions o;
   o.trainer.epochs = 2;
+  o.trainer.cooldown = 0;
   o.trainer.average = 0;
   o.trainer.out_dir = "runs/multi30k-quick";
   o.eval_limit = 300;

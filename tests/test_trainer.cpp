@@ -59,6 +59,24 @@ struct OnesData : apps::DataSource {
   nn::Linear& model;
 };
 
+// The lines of a --step-log file: step, epoch and the learning rate used.
+struct LoggedStep {
+  int64_t step = 0, epoch = 0;
+  double lr = 0;
+};
+std::vector<LoggedStep> read_step_log(const std::string& path) {
+  std::vector<LoggedStep> steps;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> f;
+    std::stringstream cells(line);
+    for (std::string c; std::getline(cells, c, '\t');) f.push_back(c);
+    REQUIRE(f.size() >= 5);
+    steps.push_back({std::stoll(f[0]), std::stoll(f[1]), std::stod(f[4])});
+  }
+  return steps;
+}
+
 
 // A Linear(1, 1) from seed 3 fitted on ToyData with Adam into the run folder `dir` (recipe rows
 // = 40), with the options `set` gives; its weight in `weight` when asked.
@@ -351,15 +369,8 @@ TEST_CASE("Trainer: --cooldown ramps the schedule's rate to zero over the run's 
   o.epochs = 6, o.progress = false, o.cooldown = 2, o.step_log = log;
   apps::Trainer trainer(model, sgd, &schedule, o);
   CHECK(trainer.fit(data).epochs.size() == 6);
-  std::ifstream in(log);
   std::vector<double> scale;  // the logged lr over the schedule's, step by step (5 a epoch)
-  for (std::string line; std::getline(in, line);) {
-    std::vector<std::string> f;
-    std::stringstream cells(line);
-    for (std::string c; std::getline(cells, c, '\t');) f.push_back(c);
-    REQUIRE(f.size() >= 5);
-    scale.push_back(std::stod(f[4]) / schedule.lr(std::stoll(f[0])));
-  }
+  for (const LoggedStep& l : read_step_log(log)) scale.push_back(l.lr / schedule.lr(l.step));
   REQUIRE(scale.size() == 30);
   for (int i = 0; i < 20; ++i) CHECK(scale[i] == doctest::Approx(1.0));  // epochs 1-4: the schedule's
   for (int i = 20; i < 30; ++i) CHECK(scale[i] == doctest::Approx(1.0 - (i - 20) / 10.0));  // 5-6: 1, 0.9, ..., 0.1
@@ -396,15 +407,9 @@ TEST_CASE("Trainer: a time limit ends the run at the last whole epoch that fits,
   CHECK(r.epochs.size() < 30);
   if (!r.out_of_time) {  // (a stalled machine can still overrun the plan: the limit then cuts as before)
     CHECK(r.averaged == 2);
-    std::ifstream in(log);
-    std::string line, last;
-    while (std::getline(in, line)) last = line;
-    std::vector<std::string> fields;
-    std::stringstream cells(last);
-    for (std::string f; std::getline(cells, f, '\t');) fields.push_back(f);
-    REQUIRE(fields.size() >= 5);
-    const int64_t step = std::stoll(fields[0]);
-    CHECK(std::stod(fields[4]) < 0.25 * schedule.lr(step));  // the last step: 1/10 of the schedule's
+    const std::vector<LoggedStep> steps = read_step_log(log);
+    REQUIRE_FALSE(steps.empty());
+    CHECK(steps.back().lr < 0.25 * schedule.lr(steps.back().step));  // the last step: 1/10 of the schedule's
   }
   // --cooldown 4: the ramp spans the plan's last 4 epochs instead of a third of them.
   std::filesystem::remove(log);
@@ -413,17 +418,11 @@ TEST_CASE("Trainer: a time limit ends the run at the last whole epoch that fits,
   const apps::FitResult lr = longer.fit(data);
   const int64_t last_epoch = lr.epochs.back().epoch;
   if (!lr.out_of_time && last_epoch >= 5 && last_epoch <= 10) {
-    std::ifstream in(log);
     int64_t scaled_before_window = 0, scaled_in_window = 0;
-    for (std::string line; std::getline(in, line);) {
-      std::vector<std::string> f;
-      std::stringstream cells(line);
-      for (std::string c; std::getline(cells, c, '\t');) f.push_back(c);
-      if (f.size() < 5 || f[0] == "step") continue;
-      const int64_t step = std::stoll(f[0]), epoch = std::stoll(f[1]);
-      const bool scaled = std::stod(f[4]) < 0.999 * schedule.lr(step);
-      if (epoch <= last_epoch - 4) scaled_before_window += scaled;
-      else if (epoch == last_epoch - 3) scaled_in_window += scaled;  // outside a third of a plan of <= 10
+    for (const LoggedStep& l : read_step_log(log)) {
+      const bool scaled = l.lr < 0.999 * schedule.lr(l.step);
+      if (l.epoch <= last_epoch - 4) scaled_before_window += scaled;
+      else if (l.epoch == last_epoch - 3) scaled_in_window += scaled;  // outside a third of a plan of <= 10
     }
     CHECK(scaled_before_window == 0);
     CHECK(scaled_in_window > 0);  // (all but the window's first step)

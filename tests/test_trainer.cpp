@@ -59,6 +59,22 @@ struct OnesData : apps::DataSource {
   nn::Linear& model;
 };
 
+// A Linear(1, 1) from `seed` with SGD at 0.01 under an inverse-sqrt schedule: the deadline and
+// cooldown tests' model, whose logged learning rate they compare with the schedule's.
+struct ScheduledLinear {
+  struct Seeded {
+    explicit Seeded(uint64_t seed) { manual_seed(seed); }
+  } seeded;
+  nn::Linear model{1, 1};
+  optim::SGD sgd{model.parameters(), [] {
+                   optim::SGDOptions so;
+                   so.lr = 0.01;
+                   return so;
+                 }()};
+  const optim::InverseSqrtSchedule schedule{0.01, 1};
+  explicit ScheduledLinear(uint64_t seed) : seeded(seed) {}
+};
+
 // The lines of a --step-log file: step, epoch and the learning rate used.
 struct LoggedStep {
   int64_t step = 0, epoch = 0;
@@ -357,13 +373,11 @@ TEST_CASE("Planning to the deadline: the epochs that fit, and the cooldown's ram
 }
 
 TEST_CASE("Trainer: --cooldown ramps the schedule's rate to zero over the run's last epochs") {
-  manual_seed(24);
-  nn::Linear model(1, 1);
+  ScheduledLinear run(24);
+  nn::Linear& model = run.model;
+  optim::SGD& sgd = run.sgd;
+  const optim::InverseSqrtSchedule& schedule = run.schedule;
   OnesData data(model);
-  optim::SGDOptions so;
-  so.lr = 0.01;
-  optim::SGD sgd(model.parameters(), so);
-  const optim::InverseSqrtSchedule schedule(0.01, 1);
   const std::string dir = fresh_temp_dir("cooldown"), log = dir + "/steps.tsv";
   apps::TrainerOptions o;
   o.epochs = 6, o.progress = false, o.cooldown = 2, o.step_log = log;
@@ -388,13 +402,11 @@ TEST_CASE("Trainer: a time limit ends the run at the last whole epoch that fits,
       return OnesData::batch(i);
     }
   };
-  manual_seed(23);
-  nn::Linear model(1, 1);
+  ScheduledLinear run(23);
+  nn::Linear& model = run.model;
+  optim::SGD& sgd = run.sgd;
+  const optim::InverseSqrtSchedule& schedule = run.schedule;
   SlowData data(model);
-  optim::SGDOptions so;
-  so.lr = 0.01;
-  optim::SGD sgd(model.parameters(), so);
-  const optim::InverseSqrtSchedule schedule(0.01, 1);
   const std::string dir = fresh_temp_dir("deadline"), log = dir + "/steps.tsv";
   apps::TrainerOptions o;
   o.epochs = 30, o.progress = false, o.time_limit = 2.0, o.keep = 5, o.average = 5, o.step_log = log;

@@ -59,6 +59,16 @@ struct OnesData : apps::DataSource {
   nn::Linear& model;
 };
 
+// OnesData whose every batch sleeps 40 ms: an epoch of 5 takes at least 0.2 s, for the tests of
+// planning to a time limit.
+struct SlowData : OnesData {
+  using OnesData::OnesData;
+  apps::TrainBatch batch(int64_t i) override {
+    usleep(40000);
+    return OnesData::batch(i);
+  }
+};
+
 // A Linear(1, 1) from `seed` with SGD at 0.01 under an inverse-sqrt schedule: the deadline and
 // cooldown tests' model, whose logged learning rate they compare with the schedule's.
 struct ScheduledLinear {
@@ -368,7 +378,8 @@ TEST_CASE("Planning to the deadline: the epochs that fit, and the cooldown's ram
   CHECK(cooldown_lr_scale(6, 5, 10, 10, 5) == doctest::Approx(0.9));
   CHECK(cooldown_lr_scale(8, 0, 10, 10, 5) == doctest::Approx(0.6));
   CHECK(cooldown_lr_scale(10, 9, 10, 10, 5) == doctest::Approx(0.02));
-  CHECK(cooldown_lr_scale(3, 0, 10, 3, 5) == doctest::Approx(0.2));  // a window longer than the run began before it
+  CHECK(cooldown_lr_scale(3, 0, 10, 3, 5) == doctest::Approx(0.2));  // a window longer than the run began before
+  // it (the Trainer clamps its window to the run: Trainer::cooldown_epochs)
   CHECK(cooldown_lr_scale(1, 0, 0, 3, 2) == 1.0);   // an empty epoch
 }
 
@@ -388,6 +399,58 @@ TEST_CASE("Trainer: --cooldown ramps the schedule's rate to zero over the run's 
   REQUIRE(scale.size() == 30);
   for (int i = 0; i < 20; ++i) CHECK(scale[i] == doctest::Approx(1.0));  // epochs 1-4: the schedule's
   for (int i = 20; i < 30; ++i) CHECK(scale[i] == doctest::Approx(1.0 - (i - 20) / 10.0));  // 5-6: 1, 0.9, ..., 0.1
+  // Without a schedule there is no rate to ramp: refused, not ignored.
+  CHECK_THROWS_WITH_AS(apps::Trainer(model, sgd, nullptr, o),
+                       doctest::Contains("cooldown 2 ramps a learning-rate schedule's rate"), Error);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Trainer: a --cooldown longer than the run ramps over all of it, from the schedule's rate") {
+  ScheduledLinear run(25);
+  OnesData data(run.model);
+  const std::string dir = fresh_temp_dir("long-cooldown"), log = dir + "/steps.tsv";
+  apps::TrainerOptions o;
+  o.epochs = 2, o.progress = false, o.cooldown = 5, o.step_log = log;  // the Multi30k recipe's 5 over --epochs 2
+  apps::Trainer trainer(run.model, run.sgd, &run.schedule, o);
+  trainer.fit(data);
+  const std::vector<LoggedStep> steps = read_step_log(log);
+  REQUIRE(steps.size() == 10);
+  for (int i = 0; i < 10; ++i)  // 1, 0.9, ..., 0.1 (it began at 0.4 of the rate before the window was clamped)
+    CHECK(steps[i].lr / run.schedule.lr(steps[i].step) == doctest::Approx(1.0 - i / 10.0));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Trainer: a run resumed inside the ramp of its plan keeps the plan") {
+  // A limit of 3 s fits about 14 epochs of 0.2 s, and --cooldown 30 (clamped to the plan) puts
+  // the whole plan in the ramp. Stopped after epoch 2, the run is resumed without a time limit:
+  // it still ends with the planned epoch, its rate going on falling from where it was, instead of
+  // going back up to a ramp over the 30 epochs of --epochs.
+  ScheduledLinear run(26);
+  SlowData data(run.model);
+  const std::string dir = fresh_temp_dir("resume-plan");
+  apps::TrainerOptions o;
+  o.epochs = 30, o.progress = false, o.time_limit = 3.0, o.cooldown = 30, o.average = 5, o.stop_after = 10;
+  o.out_dir = dir + "/run", o.step_log = dir + "/first.tsv";
+  std::filesystem::create_directories(o.out_dir);
+  apps::Trainer first(run.model, run.sgd, &run.schedule, o);
+  const apps::FitResult a = first.fit(data);
+  REQUIRE(a.stopped);  // (a plan of at least 3 epochs: epochs of up to 1 s fit)
+  const std::vector<LoggedStep> before = read_step_log(dir + "/first.tsv");
+  REQUIRE(before.size() == 10);
+  const double scale_before = before.back().lr / run.schedule.lr(before.back().step);
+  CHECK(scale_before < 0.95);  // the plan's ramp had begun
+  o.time_limit = 0, o.stop_after = 0, o.resume = true, o.step_log = dir + "/second.tsv";
+  apps::Trainer second(run.model, run.sgd, &run.schedule, o);
+  const apps::FitResult b = second.fit(data);
+  const std::vector<LoggedStep> after = read_step_log(o.step_log);
+  REQUIRE_FALSE(after.empty());
+  REQUIRE_FALSE(b.epochs.empty());
+  const int64_t planned = b.epochs.back().epoch;
+  CHECK(planned >= 3);
+  CHECK(planned < 30);
+  CHECK(after.front().lr / run.schedule.lr(after.front().step) <= scale_before);
+  CHECK(after.back().lr / run.schedule.lr(after.back().step) == doctest::Approx(0.2 / planned));  // the ramp's end
+  CHECK(b.averaged == 2);
   std::filesystem::remove_all(dir);
 }
 
@@ -395,13 +458,6 @@ TEST_CASE("Trainer: a time limit ends the run at the last whole epoch that fits,
   // Every batch sleeps 40 ms: an epoch of 5 takes at least 0.2 s, so a limit of 2 s fits about 9
   // of the 30 epochs. The last third of the plan runs at a falling fraction of the schedule's
   // rate, which --step-log records, and the run averages its last 2 epochs, not --average's 5.
-  struct SlowData : OnesData {
-    using OnesData::OnesData;
-    apps::TrainBatch batch(int64_t i) override {
-      usleep(40000);
-      return OnesData::batch(i);
-    }
-  };
   ScheduledLinear run(23);
   nn::Linear& model = run.model;
   optim::SGD& sgd = run.sgd;
@@ -417,27 +473,43 @@ TEST_CASE("Trainer: a time limit ends the run at the last whole epoch that fits,
   o.out_dir = "";
   CHECK(r.epochs.size() >= 3);
   CHECK(r.epochs.size() < 30);
+  // The plan is made again after every epoch, so a machine whose speed drifts may move the ramp's
+  // end earlier while it runs (or, after a sudden stall, end the run before its ramp): what holds
+  // whatever the timing is that the rate, over the schedule's, only falls.
+  const auto scales = [&] {
+    std::vector<std::pair<int64_t, double>> out;  // (epoch, logged lr over the schedule's), step by step
+    for (const LoggedStep& l : read_step_log(log)) out.emplace_back(l.epoch, l.lr / schedule.lr(l.step));
+    return out;
+  };
   if (!r.out_of_time) {  // (a stalled machine can still overrun the plan: the limit then cuts as before)
     CHECK(r.averaged == 2);
-    const std::vector<LoggedStep> steps = read_step_log(log);
-    REQUIRE_FALSE(steps.empty());
-    CHECK(steps.back().lr < 0.25 * schedule.lr(steps.back().step));  // the last step: 1/10 of the schedule's
+    const auto s = scales();
+    REQUIRE_FALSE(s.empty());
+    for (size_t i = 1; i < s.size(); ++i) CHECK(s[i].second <= s[i - 1].second + 1e-12);
   }
-  // --cooldown 4: the ramp spans the plan's last 4 epochs instead of a third of them.
+  // --cooldown 4: the ramp spans the plan's last 4 epochs instead of a third of them. The last step
+  // of an epoch E under a plan ending with P >= E runs at 1 - (E - P + 3.8) / 4 of the schedule's
+  // rate: 0.05 when E is the plan's last (the whole last epoch then 0.25, 0.2, ..., 0.05), else
+  // 0.3, 0.55 or 0.8, or 1 before the ramp. A third of a plan of <= 10 (3 epochs) gives none of
+  // these but 1.
   std::filesystem::remove(log);
   o.cooldown = 4;
   apps::Trainer longer(model, sgd, &schedule, o);
   const apps::FitResult lr = longer.fit(data);
   const int64_t last_epoch = lr.epochs.back().epoch;
-  if (!lr.out_of_time && last_epoch >= 5 && last_epoch <= 10) {
-    int64_t scaled_before_window = 0, scaled_in_window = 0;
-    for (const LoggedStep& l : read_step_log(log)) {
-      const bool scaled = l.lr < 0.999 * schedule.lr(l.step);
-      if (l.epoch <= last_epoch - 4) scaled_before_window += scaled;
-      else if (l.epoch == last_epoch - 3) scaled_in_window += scaled;  // outside a third of a plan of <= 10
-    }
-    CHECK(scaled_before_window == 0);
-    CHECK(scaled_in_window > 0);  // (all but the window's first step)
+  const auto s = scales();
+  REQUIRE_FALSE(s.empty());
+  for (size_t i = 1; i < s.size(); ++i) CHECK(s[i].second <= s[i - 1].second + 1e-12);
+  const double end = s.back().second;
+  if (!lr.out_of_time && last_epoch >= 5 && last_epoch <= 10)
+    CHECK((end == doctest::Approx(0.05) || end == doctest::Approx(0.3) || end == doctest::Approx(0.55) ||
+           end == doctest::Approx(0.8) || end == doctest::Approx(1.0)));
+  if (!lr.out_of_time && last_epoch >= 5 && last_epoch <= 10 && end == doctest::Approx(0.05)) {
+    std::vector<double> last;
+    for (const auto& [epoch, scale] : s)
+      if (epoch == last_epoch) last.push_back(scale);
+    REQUIRE(last.size() == 5);
+    for (int b = 0; b < 5; ++b) CHECK(last[b] == doctest::Approx(0.25 - 0.05 * b));
   }
   o.cooldown = 0;
   // "cut" keeps training until the limit.

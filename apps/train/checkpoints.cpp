@@ -105,6 +105,7 @@ void Checkpoints::save(int64_t step, int64_t epoch, int64_t next_batch, double l
                                {"epoch_tokens", std::to_string(tokens)},
                                {"rng", default_generator().state()},
                                {"world_size", std::to_string(dist::world_size())}});
+  if (planned_epochs_ > 0 && planned_epochs_ < o_.epochs) meta["planned_epochs"] = std::to_string(planned_epochs_);
   nn::save_safetensors(o_.out_dir + "/checkpoint.safetensors", state, meta);
   nn::save_safetensors(weights_path(""), saved_state(), with(o_.model_metadata, {{"step", std::to_string(step)}}));
 }
@@ -160,6 +161,7 @@ ResumePoint Checkpoints::load(int64_t& step, FitResult& result) {
   TP_CHECK(at.epoch >= 1 && at.batch >= 0 && at.tokens >= 0, "resume: {}: epoch {}, batch {} is not a position: the "
            "checkpoint is damaged", from, at.epoch, at.batch);
   TP_CHECK(file.metadata.count("rng"), "resume: {} has no 'rng' entry (not a training checkpoint)", from);
+  if (file.metadata.count("planned_epochs")) at.planned_epochs = meta_number<int64_t>(file.metadata, from, "planned_epochs");
   // Older checkpoints (no entry) were written by one process.
   const int64_t saved_world = file.metadata.count("world_size") ? meta_number<int64_t>(file.metadata, from, "world_size") : 1;
   TP_CHECK(saved_world == dist::world_size() || o_.reshard,

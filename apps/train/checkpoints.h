@@ -13,6 +13,7 @@ namespace tapestry::apps {
 struct ResumePoint {
   int64_t epoch = 1, batch = 0, tokens = 0;
   double loss_sum = 0;
+  int64_t planned_epochs = 0;  // the plan to a deadline the run had made (0: none; it ran to its --epochs)
 };
 
 class Checkpoints {
@@ -28,6 +29,9 @@ class Checkpoints {
   void end_of_epoch(int64_t step, int64_t epoch, const EpochRecord& record, FitResult& result);
   // After the last epoch: the mean of the last N epoch copies becomes the model (model.avg).
   void average(FitResult& result, int64_t last_epoch, int64_t count);  // the last `count` epoch copies up to last_epoch
+  // The epoch a plan to the deadline ends the run with, recorded by the checkpoints from now on
+  // (Note [Planning to the deadline]); --epochs' own end is not recorded.
+  void set_plan(int64_t planned_epochs) { planned_epochs_ = planned_epochs; }
 
  private:
   // The state the files hold (all of it, or the trainable parameters: TrainerOptions::trainable_only),
@@ -39,6 +43,7 @@ class Checkpoints {
   nn::Module& model_;
   optim::Optimizer& optimizer_;
   const TrainerOptions& o_;
+  int64_t planned_epochs_ = 0;
 };
 
 }  // namespace tapestry::apps

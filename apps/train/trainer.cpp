@@ -111,6 +111,9 @@ Trainer::Trainer(nn::Module& model, optim::Optimizer& optimizer, const optim::Sc
   // Averaging adapters averages A and B apart, and avg(B) avg(A) is no epoch's update.
   TP_CHECK(!o_.trainable_only || o_.average <= 1, "train: averaging the epoch copies of adapters (average {}) is not "
            "averaging their updates; set average to 0", o_.average);
+  // The ramp scales a schedule's rate; without one it would silently do nothing.
+  TP_CHECK(schedule_ || o_.cooldown == 0, "train: cooldown {} ramps a learning-rate schedule's rate, and this Trainer "
+           "has no schedule; give it one, or set cooldown to 0", o_.cooldown);
   if (o_.checkpoint_activations) model_.set_checkpointing(true);
   const std::vector<Tensor> params = model_.parameters();
   device_ = params.empty() ? Device::CPU : params.front().device();
@@ -258,6 +261,13 @@ FitResult Trainer::fit(DataSource& data) {
   }
   double train_seconds = 0;  // the epochs' training, without their evaluations
   planned_epochs_ = o_.epochs;
+  if (start.planned_epochs > 0 && start.planned_epochs < o_.epochs) {
+    // A run resumed inside the ramp of the plan it had made keeps that plan (its learning rate
+    // only falls); one resumed before its ramp plans again, from the recipe's end.
+    planned_epochs_ = start.planned_epochs;
+    if (start.epoch <= planned_epochs_ - cooldown_epochs()) planned_epochs_ = o_.epochs;
+  }
+  checkpoints_->set_plan(planned_epochs_);
   epoch_seconds_.clear();
   for (int64_t epoch = start.epoch; epoch <= planned_epochs_; ++epoch) {
     const double epoch_start = seconds_since(run_start_);
@@ -285,7 +295,7 @@ FitResult Trainer::fit(DataSource& data) {
   if (dist::world_size() > 1 && reducer_ && step_ > start_step)
     progress_->dist_summary(*reducer_, static_cast<double>(step_ - start_step), allreduce_seconds(), train_seconds);
   // A run cut by its time limit averages the epochs it reached, not the planned last ones.
-  const int64_t last_epoch = result.epochs.empty() ? o_.epochs : result.epochs.back().epoch;
+  const int64_t last_epoch = result.epochs.empty() ? planned_epochs_ : result.epochs.back().epoch;
   if (saving && dist::is_main() && !result.finished_early) checkpoints_->average(result, last_epoch, epochs_averaged());
   return result;
 }
@@ -380,10 +390,12 @@ bool Trainer::run_epoch(DataSource& data, int64_t epoch, const ResumePoint& star
 // 2 trains as a plan of P epochs does). The plan is made again after every epoch (a host that slows
 // down ends earlier), never later than the recipe's end, and not later than it was once its
 // cooldown began (the learning rate only falls). Under N ranks every rank takes the earliest plan.
-// The plan is not saved in checkpoints: a resumed session starts from the recipe's end and plans
-// again after its first epoch (a run resumed inside its cooldown trains that epoch at the
-// schedule's rate, then ramps again). The cooldown scales a schedule's rate; a Trainer without a
-// schedule only ends early. If an epoch still overruns, the limit cuts it as before.
+// Checkpoints record a plan that ends the run early: a run resumed inside that plan's ramp keeps it
+// (its learning rate goes on falling), and one resumed before its ramp starts from the recipe's
+// end and plans again after its first epoch. A --cooldown longer than the run (or its plan) ramps
+// over the whole of it, from the schedule's rate. The cooldown scales a schedule's rate: a Trainer
+// without a schedule refuses --cooldown, and under a time limit only ends early. If an epoch still
+// overruns, the limit cuts it as before.
 int64_t epochs_that_fit(double seconds_left, const std::vector<double>& epoch_seconds, int64_t done, int64_t max_epochs) {
   if (epoch_seconds.empty()) return max_epochs;
   double per_epoch = epoch_seconds.back();
@@ -401,7 +413,7 @@ double cooldown_lr_scale(int64_t epoch, int64_t batch, int64_t batches, int64_t 
 }
 
 int64_t Trainer::cooldown_epochs() const {
-  if (o_.cooldown > 0) return o_.cooldown;
+  if (o_.cooldown > 0) return std::min(o_.cooldown, planned_epochs_);  // a run shorter than the window ramps from its start
   if (planned_epochs_ >= o_.epochs) return 0;  // a recipe that fits is untouched
   return std::max<int64_t>(2, (planned_epochs_ + 1) / 3);  // a third of the plan (Note [Planning to the deadline])
 }
@@ -418,6 +430,7 @@ void Trainer::plan_to_deadline(int64_t epoch, double seconds) {
   plan = static_cast<int64_t>(dist::allreduce(static_cast<double>(-plan), dist::ReduceOp::Max) * -1.0);  // the earliest
   if (plan == planned_epochs_) return;
   planned_epochs_ = plan;
+  checkpoints_->set_plan(plan);  // the checkpoints from now on record it
   const int64_t window = cooldown_epochs();
   if (!dist::is_main()) return;
   if (plan == o_.epochs) {

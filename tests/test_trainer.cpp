@@ -102,6 +102,8 @@ std::vector<LoggedStep> read_step_log(const std::string& path) {
   }
   return steps;
 }
+// The logged learning rate over the schedule's, step by step: the cooldown's ramp (1 outside it).
+double scale_of(const LoggedStep& l, const optim::Schedule& schedule) { return l.lr / schedule.lr(l.step); }
 
 
 // A Linear(1, 1) from seed 3 fitted on ToyData with Adam into the run folder `dir` (recipe rows
@@ -394,8 +396,8 @@ TEST_CASE("Trainer: --cooldown ramps the schedule's rate to zero over the run's 
   o.epochs = 6, o.progress = false, o.cooldown = 2, o.step_log = log;
   apps::Trainer trainer(model, sgd, &schedule, o);
   CHECK(trainer.fit(data).epochs.size() == 6);
-  std::vector<double> scale;  // the logged lr over the schedule's, step by step (5 a epoch)
-  for (const LoggedStep& l : read_step_log(log)) scale.push_back(l.lr / schedule.lr(l.step));
+  std::vector<double> scale;  // step by step, 5 a epoch
+  for (const LoggedStep& l : read_step_log(log)) scale.push_back(scale_of(l, schedule));
   REQUIRE(scale.size() == 30);
   for (int i = 0; i < 20; ++i) CHECK(scale[i] == doctest::Approx(1.0));  // epochs 1-4: the schedule's
   for (int i = 20; i < 30; ++i) CHECK(scale[i] == doctest::Approx(1.0 - (i - 20) / 10.0));  // 5-6: 1, 0.9, ..., 0.1
@@ -416,7 +418,7 @@ TEST_CASE("Trainer: a --cooldown longer than the run ramps over all of it, from 
   const std::vector<LoggedStep> steps = read_step_log(log);
   REQUIRE(steps.size() == 10);
   for (int i = 0; i < 10; ++i)  // 1, 0.9, ..., 0.1 (it began at 0.4 of the rate before the window was clamped)
-    CHECK(steps[i].lr / run.schedule.lr(steps[i].step) == doctest::Approx(1.0 - i / 10.0));
+    CHECK(scale_of(steps[i], run.schedule) == doctest::Approx(1.0 - i / 10.0));
   std::filesystem::remove_all(dir);
 }
 
@@ -437,7 +439,7 @@ TEST_CASE("Trainer: a run resumed inside the ramp of its plan keeps the plan") {
   REQUIRE(a.stopped);  // (a plan of at least 3 epochs: epochs of up to 1 s fit)
   const std::vector<LoggedStep> before = read_step_log(dir + "/first.tsv");
   REQUIRE(before.size() == 10);
-  const double scale_before = before.back().lr / run.schedule.lr(before.back().step);
+  const double scale_before = scale_of(before.back(), run.schedule);
   CHECK(scale_before < 0.95);  // the plan's ramp had begun
   o.time_limit = 0, o.stop_after = 0, o.resume = true, o.step_log = dir + "/second.tsv";
   apps::Trainer second(run.model, run.sgd, &run.schedule, o);
@@ -448,8 +450,8 @@ TEST_CASE("Trainer: a run resumed inside the ramp of its plan keeps the plan") {
   const int64_t planned = b.epochs.back().epoch;
   CHECK(planned >= 3);
   CHECK(planned < 30);
-  CHECK(after.front().lr / run.schedule.lr(after.front().step) <= scale_before);
-  CHECK(after.back().lr / run.schedule.lr(after.back().step) == doctest::Approx(0.2 / planned));  // the ramp's end
+  CHECK(scale_of(after.front(), run.schedule) <= scale_before);
+  CHECK(scale_of(after.back(), run.schedule) == doctest::Approx(0.2 / planned));  // the ramp's end
   CHECK(b.averaged == 2);
   std::filesystem::remove_all(dir);
 }
@@ -477,8 +479,8 @@ TEST_CASE("Trainer: a time limit ends the run at the last whole epoch that fits,
   // end earlier while it runs (or, after a sudden stall, end the run before its ramp): what holds
   // whatever the timing is that the rate, over the schedule's, only falls.
   const auto scales = [&] {
-    std::vector<std::pair<int64_t, double>> out;  // (epoch, logged lr over the schedule's), step by step
-    for (const LoggedStep& l : read_step_log(log)) out.emplace_back(l.epoch, l.lr / schedule.lr(l.step));
+    std::vector<std::pair<int64_t, double>> out;  // (epoch, scale), step by step
+    for (const LoggedStep& l : read_step_log(log)) out.emplace_back(l.epoch, scale_of(l, schedule));
     return out;
   };
   if (!r.out_of_time) {  // (a stalled machine can still overrun the plan: the limit then cuts as before)

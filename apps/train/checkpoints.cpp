@@ -56,8 +56,9 @@ std::map<std::string, std::string> with(std::map<std::string, std::string> meta,
 
 }  // namespace
 
-Checkpoints::Checkpoints(nn::Module& model, optim::Optimizer& optimizer, const TrainerOptions& options)
-    : model_(model), optimizer_(optimizer), o_(options) {}
+Checkpoints::Checkpoints(nn::Module& model, optim::Optimizer& optimizer, const TrainerOptions& options,
+                         const int64_t& planned_epochs)
+    : model_(model), optimizer_(optimizer), o_(options), planned_epochs_(planned_epochs) {}
 
 nn::NamedTensors Checkpoints::saved_state() const {
   if (!o_.trainable_only) return model_.state_dict();

@@ -18,7 +18,10 @@ struct ResumePoint {
 
 class Checkpoints {
  public:
-  Checkpoints(nn::Module& model, optim::Optimizer& optimizer, const TrainerOptions& options);
+  // planned_epochs: the Trainer's plan to a deadline (Note [Planning to the deadline]), which the
+  // checkpoints record when it ends the run before --epochs.
+  Checkpoints(nn::Module& model, optim::Optimizer& optimizer, const TrainerOptions& options,
+              const int64_t& planned_epochs);
   // checkpoint.safetensors (model, optimizer, position, rng, recipe) and model.safetensors.
   void save(int64_t step, int64_t epoch, int64_t next_batch, double loss_sum, int64_t tokens);
   // Loads the folder's checkpoint into the model and optimizer, sets `step`, and returns where to
@@ -29,9 +32,6 @@ class Checkpoints {
   void end_of_epoch(int64_t step, int64_t epoch, const EpochRecord& record, FitResult& result);
   // After the last epoch: the mean of the last N epoch copies becomes the model (model.avg).
   void average(FitResult& result, int64_t last_epoch, int64_t count);  // the last `count` epoch copies up to last_epoch
-  // The epoch a plan to the deadline ends the run with, recorded by the checkpoints from now on
-  // (Note [Planning to the deadline]); --epochs' own end is not recorded.
-  void set_plan(int64_t planned_epochs) { planned_epochs_ = planned_epochs; }
 
  private:
   // The state the files hold (all of it, or the trainable parameters: TrainerOptions::trainable_only),
@@ -43,7 +43,7 @@ class Checkpoints {
   nn::Module& model_;
   optim::Optimizer& optimizer_;
   const TrainerOptions& o_;
-  int64_t planned_epochs_ = 0;
+  const int64_t& planned_epochs_;
 };
 
 }  // namespace tapestry::apps

@@ -120,7 +120,7 @@ Trainer::Trainer(nn::Module& model, optim::Optimizer& optimizer, const optim::Sc
   std::string why;
   TP_CHECK(o_.precision != "bf16" || bf16_supported(device_, &why), "train: --precision bf16: {}", why);
   if (o_.tf32) cuda::set_allow_tf32(true);
-  checkpoints_ = std::make_unique<Checkpoints>(model_, optimizer_, o_);
+  checkpoints_ = std::make_unique<Checkpoints>(model_, optimizer_, o_, planned_epochs_);
   progress_ = std::make_unique<Progress>(o_);
 }
 
@@ -267,7 +267,6 @@ FitResult Trainer::fit(DataSource& data) {
     planned_epochs_ = start.planned_epochs;
     if (start.epoch <= planned_epochs_ - cooldown_epochs()) planned_epochs_ = o_.epochs;
   }
-  checkpoints_->set_plan(planned_epochs_);
   epoch_seconds_.clear();
   for (int64_t epoch = start.epoch; epoch <= planned_epochs_; ++epoch) {
     const double epoch_start = seconds_since(run_start_);
@@ -429,8 +428,7 @@ void Trainer::plan_to_deadline(int64_t epoch, double seconds) {
   if (cooling) plan = std::min(plan, planned_epochs_);  // once the ramp began, its end only comes earlier
   plan = static_cast<int64_t>(dist::allreduce(static_cast<double>(-plan), dist::ReduceOp::Max) * -1.0);  // the earliest
   if (plan == planned_epochs_) return;
-  planned_epochs_ = plan;
-  checkpoints_->set_plan(plan);  // the checkpoints from now on record it
+  planned_epochs_ = plan;  // the checkpoints from now on record it
   const int64_t window = cooldown_epochs();
   if (!dist::is_main()) return;
   if (plan == o_.epochs) {
